@@ -1,0 +1,661 @@
+/// \file decode_attention.hpp
+/// Fused CPU decode attention over a compressed cache: one query token per sequence, H query heads
+/// over H_kv KV heads (GQA: query head h reads KV head h / (H / H_kv)), softmax(q.K^T * scale) . V
+/// with an online softmax (base 2, log2(e) folded into the query). Packed codes are read block by
+/// block; scales and zeros are folded into the dot products and never expanded into K/V:
+///   keys, per-channel groups:  q.k_t = sum_c (q_c s_c) k^_tc + sum_c q_c z_c
+///   keys, per-token groups:    q.k_t = sum_g s_tg (sum_{c in g} q_c k^_tc) + sum_g z_tg (sum_{c in g} q_c)
+///   values, per-token groups:  o_c  += sum_t (p_t s_tg) v^_tc + sum_t p_t z_tg
+///   values, per-channel:       o_c  += s_c sum_t p_t v^_tc + z_c sum_t p_t
+/// Codes of <= 4 bits use integer dot products (VNNI `vpdpbusd` on AVX-512, its exact emulation on
+/// AVX2 and in portable code), like llama.cpp's q8 activations: per block, the folded query is
+/// rounded to int8 (127 levels per head) and the value weights p_t*s_t to uint8 (255 levels per head
+/// and group). This adds at most, per score, (max_c |q'_c| / 254) * sum_c k^_tc, and per output,
+/// (max_t w_t / 510) * sum_t v^_tc * (its scale) -- small next to the codes' own step/2 error.
+/// 5..8-bit codes and uncompressed blocks use float FMAs. Parallel over (sequence, KV head, split of
+/// blocks) with OpenMP; splits are merged flash-decoding style. Host only.
+#pragma once
+
+#include <kvc/config.hpp>
+#include <kvc/cache/cache_layout.hpp>
+#include <kvc/core/aligned_buffer.hpp>
+#include <kvc/core/error.hpp>
+#include <kvc/core/view.hpp>
+
+#define KVC_ATTENTION_INTERNAL
+#include <kvc/attention/detail/simd.hpp>
+#undef KVC_ATTENTION_INTERNAL
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#if KVC_HAS_OPENMP()
+#  include <omp.h>
+#endif
+
+namespace kvc {
+
+struct AttentionOptions {
+  float scale = 0.0f;   ///< softmax scale; 0 means 1/sqrt(head_dim)
+  int num_threads = 0;  ///< 0 means all OpenMP threads
+  int min_blocks_per_split = 16;  ///< flash-decoding split granularity when sequences x heads < threads
+};
+
+namespace detail {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+/// Decode attention for one cache layout. Stateless apart from per-thread scratch.
+template <class Layout>
+class DecodeKernel {
+  using P = typename Layout::Params;
+  using KF = typename Layout::key_format;
+  using VF = typename Layout::value_format;
+  using W = typename Layout::window_t;
+  using F = simd::VecF;
+  using I = simd::VecI;
+  static constexpr int B = Layout::kBlockTokens;
+  static constexpr int N = F::N;
+  static constexpr int JT = (B / N) >= 2 ? 2 : 1;  // token vectors per pass (ILP)
+  static_assert(B % (N * JT) == 0);
+  template <class Fmt>
+  static constexpr float kCodeMid = 0.5f * static_cast<float>((1 << Fmt::kBits) - 1);
+
+ public:
+  /// Online-softmax state and scratch of one work item.
+  struct Item {
+    float* m;    // [g] running max (log2 domain)
+    float* l;    // [g] running sum
+    float* acc;  // [g][d] unnormalised output
+  };
+
+  DecodeKernel(const P& p, int group) : p_(p), g_(group), d_(p.head_dim) {}
+
+  /// Floats of scratch one thread needs.
+  std::size_t scratch_floats() const {
+    std::size_t used = 0;
+    carve(nullptr, used);
+    return used;
+  }
+
+  /// Runs blocks [b0, b1) of stream (seq, kvh), plus the sink (if `sink`) and the ring tail (if `tail`).
+  void run(const float* q /*[g][d], pre-scaled*/, int seq, int kvh, int b0, int b1, bool sink, bool tail,
+           float* scratch, Item it) const {
+    std::size_t used = 0;
+    Scratch s = carve(scratch, used);
+    const int d = d_;
+    std::memcpy(s.qf, q, sizeof(float) * std::size_t(g_) * d);
+    for (int h = 0; h < g_; ++h) {
+      it.m[h] = -std::numeric_limits<float>::infinity();
+      it.l[h] = 0.0f;
+    }
+    std::memset(it.acc, 0, sizeof(float) * std::size_t(g_) * d);
+    if constexpr (KF::kIntDot && KF::kPerTokenScale) prepare_query_int8(s);
+
+    const int n = p_.lengths[seq];
+    if (sink)
+      for (int t = 0; t < std::min(n, Layout::kSink); t += B) fp_tokens(s, it, seq, kvh, t, std::min({n, Layout::kSink, t + B}));
+    for (int b = b0; b < b1; ++b) block(s, it, p_.key_block(seq, kvh, b), p_.value_block(seq, kvh, b));
+    if (tail) {
+      const int first = Layout::kSink + p_.quantized_blocks(seq) * B;
+      for (int t = first; t < n; t += B) fp_tokens(s, it, seq, kvh, t, std::min(n, t + B));
+    }
+  }
+
+ private:
+  struct Scratch {
+    float* qf;      // [g][d]
+    float* fold;    // [g][d]
+    float* sc;      // [g][B]
+    std::int8_t* q8;  // [g][d]
+    float* qscale;  // [g]
+    float* bias;    // [g]
+    float* psum;    // [g]
+    float* perr;    // [g]
+    float* qsum;    // [g][d/gc_k]
+    float* zsum;    // [g][d/gc_v]
+    float* wscale;  // [g][d/gc_v]
+    float* wf;      // [g][d/gc_v][B] float weights
+    std::uint8_t* w8;  // [g][d/gc_v][B]
+    std::uint8_t* ktile;  // [B*d]
+    std::uint8_t* vtile;  // [B*d]
+    float* kzero;  // [groups_k]
+    float* kscale;
+    float* vzero;  // [groups_v]
+    float* vscale;
+  };
+
+  /// Lays the scratch out from `base` (64-byte aligned pieces); with base == nullptr only counts.
+  Scratch carve(float* base, std::size_t& used) const {
+    const std::size_t g = g_, d = d_;
+    auto take = [&](std::size_t floats) {
+      float* r = base ? base + used : nullptr;
+      used += (floats + 15) / 16 * 16;
+      return r;
+    };
+    const std::size_t ncg_k = KF::kIdentity ? 1 : d / KF::group_channels(d_);
+    const std::size_t ncg_v = VF::kIdentity ? 1 : d / VF::group_channels(d_);
+    Scratch s{};
+    s.qf = take(g * d);
+    s.fold = take(g * d);
+    s.sc = take(g * B);
+    s.q8 = reinterpret_cast<std::int8_t*>(take(g * d / 4 + 1));
+    s.qscale = take(g);
+    s.bias = take(g);
+    s.psum = take(g);
+    s.perr = take(g);
+    s.qsum = take(g * ncg_k);
+    s.zsum = take(g * ncg_v);
+    s.wscale = take(g * ncg_v);
+    s.wf = take(g * ncg_v * B);
+    s.w8 = reinterpret_cast<std::uint8_t*>(take(g * ncg_v * B / 4 + 1));
+    s.ktile = reinterpret_cast<std::uint8_t*>(take(std::size_t(B) * d / 4));
+    s.vtile = reinterpret_cast<std::uint8_t*>(take(std::size_t(B) * d / 4));
+    const std::size_t gk = std::max(KF::groups(d_), 1), gv = std::max(VF::groups(d_), 1);
+    s.kzero = take(gk);
+    s.kscale = take(gk);
+    s.vzero = take(gv);
+    s.vscale = take(gv);
+    return s;
+  }
+
+  // ---------------------------------------------------------------- helpers
+  template <class Fn>
+  static void for_head_chunks(int g, Fn&& fn) {
+    for (int h0 = 0; h0 < g; h0 += 4) {
+      switch (std::min(4, g - h0)) {
+        case 1: fn.template operator()<1>(h0); break;
+        case 2: fn.template operator()<2>(h0); break;
+        case 3: fn.template operator()<3>(h0); break;
+        default: fn.template operator()<4>(h0); break;
+      }
+    }
+  }
+
+  /// zero = lo + offset*step and scale = step for every group of a block, as floats.
+  template <class Fmt>
+  void load_meta(const std::byte* blk, float* zero, float* scale) const {
+    using Codec = typename Fmt::quantizer::codec;
+    const int G = Fmt::groups(d_);
+    const half_t* lo = Fmt::lo_plane(blk, d_);
+    const half_t* st = Fmt::step_plane(blk, d_);
+    // Affine form of the codec, evaluated once to get its zero offset (0 for endpoint, 0.5 for midpoint).
+    const float off = Codec::affine(QuantMeta{half_t{0}, half_t::from_float(1.0f)}).zero;
+    int i = 0;
+    for (; i + N <= G; i += N) {
+      const F sv = F::load(st + i);
+      fma(sv, F::set1(off), F::load(lo + i)).store(zero + i);
+      sv.store(scale + i);
+    }
+    for (; i < G; ++i) {
+      scale[i] = st[i].to_float();
+      zero[i] = lo[i].to_float() + off * scale[i];
+    }
+  }
+
+  /// Per-token key groups: the int8 query is fixed for the whole item.
+  void prepare_query_int8(Scratch& s) const {
+    const int d = d_, gc = KF::group_channels(d_), ncg = d / gc;
+    for (int h = 0; h < g_; ++h) {
+      quantize_row_i8(s.qf + std::size_t(h) * d, s.q8 + std::size_t(h) * d, s.qscale[h]);
+      for (int cg = 0; cg < ncg; ++cg) {
+        F a = F::zero();
+        for (int c = cg * gc; c < (cg + 1) * gc; c += N) a = a + F::load(s.qf + std::size_t(h) * d + c);
+        s.qsum[h * ncg + cg] = reduce_add(a);
+      }
+      // Per-token scales vary along tokens, so the centring correction is not used here.
+    }
+  }
+
+  /// Rounds x[0..d) to int8 with one scale (max|x| / 127), returned through `scale`. Returns
+  /// sum_c (x_c - scale*q_c): callers add mid * that sum (mid = the codes' centre) to the bias, so
+  /// the rounding error only meets the centred codes.
+  float quantize_row_i8(const float* x, std::int8_t* out, float& scale) const {
+    F mx = F::zero();
+    for (int c = 0; c < d_; c += N) mx = max(mx, abs(F::load(x + c)));
+    const float m = reduce_max(mx);
+    scale = m > 0.0f ? m / 127.0f : 1.0f;
+    const F inv = F::set1(m > 0.0f ? 127.0f / m : 0.0f), sc = F::set1(scale);
+    F err = F::zero();
+    for (int c = 0; c < d_; c += N) {
+      const F xv = F::load(x + c), qv = round_nearest(xv * inv);
+      qv.store_i8(out + c);
+      err = err + (xv - qv * sc);
+    }
+    return reduce_add(err);
+  }
+
+  /// Online softmax over scores sc[h][0..n): sc becomes probabilities, m/l/acc are rescaled.
+  void softmax_update(Scratch& s, Item& it, int n) const {
+    for (int h = 0; h < g_; ++h) {
+      float* r = s.sc + std::size_t(h) * B;
+      float mx = -std::numeric_limits<float>::infinity();
+      int t = 0;
+      if (n == B) {
+        F v = F::load(r);
+        for (t = N; t < B; t += N) v = max(v, F::load(r + t));
+        mx = reduce_max(v);
+      } else {
+        for (; t < n; ++t) mx = std::max(mx, r[t]);
+      }
+      const float mnew = std::max(it.m[h], mx);
+      const float corr = std::exp2(it.m[h] - mnew);  // 0 on the first chunk (m = -inf)
+      F sum = F::zero();
+      float tail_sum = 0.0f;
+      t = 0;
+      for (; t + N <= n; t += N) {
+        const F e = exp2(F::load(r + t) - F::set1(mnew));
+        e.store(r + t);
+        sum = sum + e;
+      }
+      for (; t < n; ++t) {
+        r[t] = std::exp2(r[t] - mnew);
+        tail_sum += r[t];
+      }
+      it.l[h] = it.l[h] * corr + reduce_add(sum) + tail_sum;
+      if (corr != 1.0f) {
+        float* a = it.acc + std::size_t(h) * d_;
+        const F cv = F::set1(corr);
+        for (int c = 0; c < d_; c += N) (F::load(a + c) * cv).store(a + c);
+      }
+      it.m[h] = mnew;
+    }
+  }
+
+  // ---------------------------------------------------------------- full-precision tokens
+  void fp_tokens(Scratch& s, Item& it, int seq, int kvh, int first, int last) const {
+    const int n = last - first, d = d_;
+    if (n <= 0) return;
+    const W* krow[B];
+    const W* vrow[B];
+    for (int t = 0; t < n; ++t) {
+      krow[t] = p_.fp_row(Side::kKey, seq, kvh, first + t);
+      vrow[t] = p_.fp_row(Side::kValue, seq, kvh, first + t);
+    }
+    for (int h = 0; h < g_; ++h) {
+      const float* q = s.qf + std::size_t(h) * d;
+      for (int t = 0; t < n; ++t) {
+        F a = F::zero();
+        for (int c = 0; c < d; c += N) a = fma(F::load(q + c), F::load(krow[t] + c), a);
+        s.sc[std::size_t(h) * B + t] = reduce_add(a);
+      }
+    }
+    softmax_update(s, it, n);
+    for (int h = 0; h < g_; ++h) {
+      float* o = it.acc + std::size_t(h) * d;
+      const float* pr = s.sc + std::size_t(h) * B;
+      for (int c = 0; c < d; c += N) {
+        F a = F::load(o + c);
+        for (int t = 0; t < n; ++t) a = fma(F::set1(pr[t]), F::load(vrow[t] + c), a);
+        a.store(o + c);
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------- one block
+  void block(Scratch& s, Item& it, const std::byte* kb, const std::byte* vb) const {
+    key_scores(s, kb);
+    softmax_update(s, it, B);
+    value_accumulate(s, it, vb);
+  }
+
+  /// s.sc[h][t] = q_h . k_t for the B tokens of a key block.
+  void key_scores(Scratch& s, const std::byte* kb) const {
+    const int d = d_;
+    if constexpr (KF::kIdentity) {
+      for (int h = 0; h < g_; ++h) s.bias[h] = 0.0f;
+      float_key_dot(s, reinterpret_cast<const typename KF::element*>(kb), s.qf, 0, d, nullptr, nullptr, true);
+    } else {
+      simd::unpack_codes<KF::kBits>(reinterpret_cast<const std::uint8_t*>(kb), std::size_t(B) * d, s.ktile);
+      load_meta<KF>(kb, s.kzero, s.kscale);
+      if constexpr (!KF::kPerTokenScale) {
+        // Scales and zeros constant over the block's tokens: fold them into the query.
+        const int gc = KF::group_channels(d);
+        for (int h = 0; h < g_; ++h) {
+          const float* q = s.qf + std::size_t(h) * d;
+          float* f = s.fold + std::size_t(h) * d;
+          F bias = F::zero();
+          for (int c = 0; c < d; c += N) {
+            const F sc = gc == 1 ? F::load(s.kscale + c) : F::set1(s.kscale[c / gc]);
+            const F zc = gc == 1 ? F::load(s.kzero + c) : F::set1(s.kzero[c / gc]);
+            const F qv = F::load(q + c);
+            (qv * sc).store(f + c);
+            bias = fma(qv, zc, bias);
+          }
+          s.bias[h] = reduce_add(bias);
+          if constexpr (KF::kIntDot)
+            s.bias[h] += kCodeMid<KF> * quantize_row_i8(f, s.q8 + std::size_t(h) * d, s.qscale[h]);
+        }
+        if constexpr (KF::kIntDot) int_key_dot(s, 0, d, nullptr, nullptr, true);
+        else float_key_dot(s, s.ktile, s.fold, 0, d, nullptr, nullptr, true);
+      } else {
+        const int gc = KF::group_channels(d), ncg = d / gc;
+        for (int h = 0; h < g_; ++h)
+          std::memset(s.sc + std::size_t(h) * B, 0, sizeof(float) * B);
+        for (int cg = 0; cg < ncg; ++cg) {
+          const float* zrow = s.kzero + std::size_t(cg) * B;
+          const float* srow = s.kscale + std::size_t(cg) * B;
+          if constexpr (KF::kIntDot) int_key_dot(s, cg * gc, (cg + 1) * gc, srow, zrow, false, cg, ncg);
+          else float_key_dot(s, s.ktile, s.qf, cg * gc, (cg + 1) * gc, srow, zrow, false, cg, ncg);
+        }
+      }
+    }
+  }
+
+  /// Channels [c0, c1) of the score of every token, float FMAs over a [c][t] tile of element type T.
+  /// fold: sc = dot + bias[h]. Otherwise sc += dot * rowscale[t] + qsum[h][cg] * rowzero[t].
+  template <class T>
+  void float_key_dot(Scratch& s, const T* tile, const float* q, int c0, int c1, const float* rowscale,
+                     const float* rowzero, bool fold, int cg = 0, int ncg = 1) const {
+    const int d = d_;
+    for_head_chunks(g_, [&]<int NH>(int h0) {
+      if (!fold) {
+        for (int h = 0; h < NH; ++h) {
+          F a = F::zero();
+          for (int c = c0; c < c1; c += N) a = a + F::load(q + std::size_t(h0 + h) * d + c);
+          s.qsum[(h0 + h) * ncg + cg] = reduce_add(a);
+        }
+      }
+      for (int j = 0; j < B; j += N * JT) {
+        F a[NH][JT];
+        for (int h = 0; h < NH; ++h)
+          for (int jj = 0; jj < JT; ++jj) a[h][jj] = F::zero();
+        for (int c = c0; c < c1; ++c) {
+          F kv[JT];
+          for (int jj = 0; jj < JT; ++jj) kv[jj] = F::load(tile + std::size_t(c) * B + j + jj * N);
+          for (int h = 0; h < NH; ++h) {
+            const F qb = F::set1(q[std::size_t(h0 + h) * d + c]);
+            for (int jj = 0; jj < JT; ++jj) a[h][jj] = fma(qb, kv[jj], a[h][jj]);
+          }
+        }
+        for (int h = 0; h < NH; ++h)
+          for (int jj = 0; jj < JT; ++jj) {
+            float* out = s.sc + std::size_t(h0 + h) * B + j + jj * N;
+            if (fold) {
+              (a[h][jj] + F::set1(s.bias[h0 + h])).store(out);
+            } else {
+              const int t = j + jj * N;
+              fma(a[h][jj], F::load(rowscale + t),
+                  fma(F::set1(s.qsum[(h0 + h) * ncg + cg]), F::load(rowzero + t), F::load(out)))
+                  .store(out);
+            }
+          }
+      }
+    });
+  }
+
+  /// Integer version over the [c/4][t][c%4] code tile with the int8 query s.q8.
+  void int_key_dot(Scratch& s, int c0, int c1, const float* rowscale, const float* rowzero, bool fold, int cg = 0,
+                   int ncg = 1) const {
+    const int d = d_;
+    for_head_chunks(g_, [&]<int NH>(int h0) {
+      for (int j = 0; j < B; j += N * JT) {
+        I a[NH][JT];
+        for (int h = 0; h < NH; ++h)
+          for (int jj = 0; jj < JT; ++jj) a[h][jj] = I::zero();
+        for (int c = c0; c < c1; c += 4) {
+          I code[JT];
+          for (int jj = 0; jj < JT; ++jj) code[jj] = I::load(s.ktile + (std::size_t(c >> 2) * B + j + jj * N) * 4);
+          for (int h = 0; h < NH; ++h) {
+            std::int32_t quad;
+            std::memcpy(&quad, s.q8 + std::size_t(h0 + h) * d + c, 4);
+            const I qb = I::set1(quad);
+            for (int jj = 0; jj < JT; ++jj) a[h][jj] = dpbusd(a[h][jj], code[jj], qb);
+          }
+        }
+        for (int h = 0; h < NH; ++h)
+          for (int jj = 0; jj < JT; ++jj) {
+            float* out = s.sc + std::size_t(h0 + h) * B + j + jj * N;
+            const F dot = a[h][jj].to_float() * F::set1(s.qscale[h0 + h]);
+            if (fold) {
+              (dot + F::set1(s.bias[h0 + h])).store(out);
+            } else {
+              const int t = j + jj * N;
+              fma(dot, F::load(rowscale + t), fma(F::set1(s.qsum[(h0 + h) * ncg + cg]), F::load(rowzero + t), F::load(out)))
+                  .store(out);
+            }
+          }
+      }
+    });
+  }
+
+  /// acc[h] += sum_t p[h][t] v_t for one value block.
+  void value_accumulate(Scratch& s, Item& it, const std::byte* vb) const {
+    const int d = d_;
+    if constexpr (VF::kIdentity) {
+      float_value_dot(s, it, reinterpret_cast<const typename VF::element*>(vb));
+      return;
+    } else {
+      simd::unpack_codes<VF::kBits>(reinterpret_cast<const std::uint8_t*>(vb), std::size_t(B) * d, s.vtile);
+      load_meta<VF>(vb, s.vzero, s.vscale);
+      const int gc = VF::group_channels(d), ncg = d / gc;
+      // Weights per (head, channel group, token) and the zero terms.
+      for (int h = 0; h < g_; ++h) {
+        const float* pr = s.sc + std::size_t(h) * B;
+        if constexpr (VF::kPerTokenScale) {
+          for (int cg = 0; cg < ncg; ++cg) {
+            float* w = s.wf + (std::size_t(h) * ncg + cg) * B;
+            const float* sr = s.vscale + std::size_t(cg) * B;
+            const float* zr = s.vzero + std::size_t(cg) * B;
+            F mx = F::zero(), zs = F::zero();
+            for (int t = 0; t < B; t += N) {
+              const F pv = F::load(pr + t);
+              const F wv = pv * F::load(sr + t);
+              wv.store(w + t);
+              mx = max(mx, wv);
+              zs = fma(pv, F::load(zr + t), zs);
+            }
+            s.zsum[h * ncg + cg] = reduce_add(zs);
+            if constexpr (VF::kIntDot)
+              s.zsum[h * ncg + cg] += kCodeMid<VF> * quantize_weights(w, s.w8 + (std::size_t(h) * ncg + cg) * B,
+                                                                      s.wscale[h * ncg + cg], reduce_max(mx));
+          }
+        } else {
+          F mx = F::zero(), ps = F::zero();
+          for (int t = 0; t < B; t += N) {
+            const F pv = F::load(pr + t);
+            mx = max(mx, pv);
+            ps = ps + pv;
+          }
+          s.psum[h] = reduce_add(ps);
+          // The centring correction needs the per-channel scale, applied below as psum_err * mid * s_c.
+          if constexpr (VF::kIntDot)
+            s.perr[h] = kCodeMid<VF> * quantize_weights(pr, s.w8 + std::size_t(h) * B, s.wscale[h], reduce_max(mx));
+        }
+      }
+      for_head_chunks(g_, [&]<int NH>(int h0) {
+        for (int c = 0; c < d; c += N) {
+          const int cg = c / gc;
+          F dot[NH];
+          if constexpr (VF::kIntDot) {
+            I a[NH];
+            for (int h = 0; h < NH; ++h) a[h] = I::zero();
+            for (int t = 0; t < B; t += 4) {
+              const I code = I::load(s.vtile + (std::size_t(t >> 2) * d + c) * 4);
+              for (int h = 0; h < NH; ++h) {
+                std::int32_t quad;
+                const std::size_t row = VF::kPerTokenScale ? (std::size_t(h0 + h) * ncg + cg) * B : std::size_t(h0 + h) * B;
+                std::memcpy(&quad, s.w8 + row + t, 4);
+                a[h] = dpbusd(a[h], I::set1(quad), code);
+              }
+            }
+            for (int h = 0; h < NH; ++h)
+              dot[h] = a[h].to_float() *
+                       F::set1(VF::kPerTokenScale ? s.wscale[(h0 + h) * ncg + cg] : s.wscale[h0 + h]);
+          } else {
+            for (int h = 0; h < NH; ++h) dot[h] = F::zero();
+            for (int t = 0; t < B; ++t) {
+              const F code = F::load(s.vtile + std::size_t(t) * d + c);
+              for (int h = 0; h < NH; ++h) {
+                const float w = VF::kPerTokenScale ? s.wf[(std::size_t(h0 + h) * ncg + cg) * B + t]
+                                                   : s.sc[std::size_t(h0 + h) * B + t];
+                dot[h] = fma(F::set1(w), code, dot[h]);
+              }
+            }
+          }
+          for (int h = 0; h < NH; ++h) {
+            float* o = it.acc + std::size_t(h0 + h) * d + c;
+            if constexpr (VF::kPerTokenScale) {
+              (F::load(o) + dot[h] + F::set1(s.zsum[(h0 + h) * ncg + cg])).store(o);
+            } else {
+              const F sc = gc == 1 ? F::load(s.vscale + c) : F::set1(s.vscale[cg]);
+              const F zc = gc == 1 ? F::load(s.vzero + c) : F::set1(s.vzero[cg]);
+              F dh = dot[h];
+              if constexpr (VF::kIntDot) dh = dh + F::set1(s.perr[h0 + h]);
+              fma(dh, sc, fma(zc, F::set1(s.psum[h0 + h]), F::load(o))).store(o);
+            }
+          }
+        }
+      });
+    }
+  }
+
+  /// Rounds B weights in [0, mx] to uint8 with scale mx/255. Returns sum_t (w_t - scale*w8_t) (see
+  /// quantize_row_i8).
+  float quantize_weights(const float* w, std::uint8_t* out, float& scale, float mx) const {
+    scale = mx > 0.0f ? mx / 255.0f : 0.0f;
+    const F inv = F::set1(mx > 0.0f ? 255.0f / mx : 0.0f), sc = F::set1(scale);
+    F err = F::zero();
+    for (int t = 0; t < B; t += N) {
+      const F wv = F::load(w + t), qv = round_nearest(wv * inv);
+      qv.store_u8(out + t);
+      err = err + (wv - qv * sc);
+    }
+    return reduce_add(err);
+  }
+
+  /// Uncompressed value block [t][c] of T.
+  template <class T>
+  void float_value_dot(Scratch& s, Item& it, const T* tile) const {
+    const int d = d_;
+    for_head_chunks(g_, [&]<int NH>(int h0) {
+      for (int c = 0; c < d; c += N) {
+        F a[NH];
+        for (int h = 0; h < NH; ++h) a[h] = F::load(it.acc + std::size_t(h0 + h) * d + c);
+        for (int t = 0; t < B; ++t) {
+          const F v = F::load(tile + std::size_t(t) * d + c);
+          for (int h = 0; h < NH; ++h) a[h] = fma(F::set1(s.sc[std::size_t(h0 + h) * B + t]), v, a[h]);
+        }
+        for (int h = 0; h < NH; ++h) a[h].store(it.acc + std::size_t(h0 + h) * d + c);
+      }
+    });
+  }
+
+  P p_;
+  int g_;
+  int d_;
+};
+
+}  // namespace detail
+
+/// Decode attention over one layer of a cache's Params (the low-level entry point).
+/// q, out: [sequences][query_heads][head_dim], sequences <= batch; query_heads a multiple of kv_heads.
+/// Sequence i attends to the cache's sequence i, which must hold at least one token.
+template <class Layout>
+void decode_attention(const typename Layout::Params& p, QueryView q, OutputView out, const AttentionOptions& opt = {}) {
+  KVC_CHECK(q.dim0 >= 1 && q.dim0 <= p.batch, Errc::kInvalidArgument, "query holds ", q.dim0,
+            " sequences; the cache has ", p.batch);
+  KVC_CHECK(q.dim2 == p.head_dim, Errc::kInvalidArgument, "query head_dim ", q.dim2, " != cache head_dim ",
+            p.head_dim);
+  KVC_CHECK(q.dim1 >= p.kv_heads && q.dim1 % p.kv_heads == 0, Errc::kInvalidArgument, "query heads ", q.dim1,
+            " are not a positive multiple of the cache's ", p.kv_heads, " KV heads");
+  KVC_CHECK(out.dim0 == q.dim0 && out.dim1 == q.dim1 && out.dim2 == q.dim2, Errc::kInvalidArgument,
+            "output shape [", out.dim0, "][", out.dim1, "][", out.dim2, "] != query shape [", q.dim0, "][", q.dim1,
+            "][", q.dim2, "]");
+  KVC_CHECK(q.data != nullptr && out.data != nullptr, Errc::kInvalidArgument, "null query or output");
+  for (int s = 0; s < q.dim0; ++s)
+    KVC_CHECK(p.lengths[s] > 0, Errc::kInvalidArgument, "sequence ", s, " is empty: nothing to attend to");
+  for (int s = 0; s < q.dim0; ++s)
+    for (int h = 0; h < q.dim1; ++h)
+      for (int c = 0; c < q.dim2; ++c)
+        KVC_CHECK(std::isfinite(q.row(s, h)[c]), Errc::kNonFinite, "query sequence ", s, " head ", h, " channel ", c,
+                  " is not finite");
+
+  const int g = q.dim1 / p.kv_heads, d = p.head_dim, nseq = q.dim0;
+  const float scale = (opt.scale > 0.0f ? opt.scale : 1.0f / std::sqrt(static_cast<float>(d))) * detail::kLog2e;
+#if KVC_HAS_OPENMP()
+  const int threads = opt.num_threads > 0 ? opt.num_threads : omp_get_max_threads();
+#else
+  const int threads = 1;
+#endif
+  // Work items: (sequence, KV head, split). Split a stream's blocks only when there are fewer streams
+  // than ~4x threads, so each thread still gets whole streams when it can.
+  struct Work {
+    int seq, kvh, b0, b1;
+    bool sink, tail;
+  };
+  std::vector<Work> work;
+  std::vector<int> first_item(std::size_t(nseq) * p.kv_heads + 1, 0);
+  const int streams = nseq * p.kv_heads;
+  for (int s = 0; s < nseq; ++s) {
+    const int nb = p.quantized_blocks(s);
+    const int want = streams >= 4 * threads ? 1 : (4 * threads + streams - 1) / streams;
+    const int splits = std::max(1, std::min(want, nb / std::max(1, opt.min_blocks_per_split)));
+    for (int h = 0; h < p.kv_heads; ++h) {
+      first_item[std::size_t(s) * p.kv_heads + h] = static_cast<int>(work.size());
+      for (int i = 0; i < splits; ++i)
+        work.push_back({s, h, nb * i / splits, nb * (i + 1) / splits, i == 0, i == splits - 1});
+    }
+  }
+  first_item.back() = static_cast<int>(work.size());
+
+  const detail::DecodeKernel<Layout> kernel(p, g);
+  const std::size_t item_floats = std::size_t(g) * (d + 2);
+  AlignedBuffer<float> results(work.size() * item_floats);
+  AlignedBuffer<float> qscaled(std::size_t(nseq) * q.dim1 * d);
+  for (int s = 0; s < nseq; ++s)
+    for (int h = 0; h < q.dim1; ++h)
+      for (int c = 0; c < d; ++c) qscaled[(std::size_t(s) * q.dim1 + h) * d + c] = q.row(s, h)[c] * scale;
+  const std::size_t scratch_floats = kernel.scratch_floats();
+  const int nwork = static_cast<int>(work.size());
+
+#if KVC_HAS_OPENMP()
+#  pragma omp parallel num_threads(threads)
+#endif
+  {
+    AlignedBuffer<float> scratch(scratch_floats);
+#if KVC_HAS_OPENMP()
+#  pragma omp for schedule(dynamic, 1)
+#endif
+    for (int i = 0; i < nwork; ++i) {
+      const Work& w = work[std::size_t(i)];
+      float* r = results.data() + std::size_t(i) * item_floats;
+      typename detail::DecodeKernel<Layout>::Item it{r, r + g, r + 2 * g};
+      kernel.run(qscaled.data() + (std::size_t(w.seq) * q.dim1 + std::size_t(w.kvh) * g) * d, w.seq, w.kvh, w.b0,
+                 w.b1, w.sink, w.tail, scratch.data(), it);
+    }
+  }
+
+  // Merge the splits of each stream: O = sum_i 2^(m_i - M) acc_i / sum_i 2^(m_i - M) l_i.
+  for (int s = 0; s < nseq; ++s)
+    for (int kh = 0; kh < p.kv_heads; ++kh) {
+      const int i0 = first_item[std::size_t(s) * p.kv_heads + kh], i1 = first_item[std::size_t(s) * p.kv_heads + kh + 1];
+      for (int h = 0; h < g; ++h) {
+        float M = -std::numeric_limits<float>::infinity();
+        for (int i = i0; i < i1; ++i) M = std::max(M, results[std::size_t(i) * item_floats + h]);
+        float L = 0.0f;
+        float* o = out.row(s, kh * g + h);
+        std::fill(o, o + d, 0.0f);
+        for (int i = i0; i < i1; ++i) {
+          const float* r = results.data() + std::size_t(i) * item_floats;
+          const float wgt = std::exp2(r[h] - M);
+          L += wgt * r[g + h];
+          const float* acc = r + 2 * g + std::size_t(h) * d;
+          for (int c = 0; c < d; ++c) o[c] += wgt * acc[c];
+        }
+        const float inv = 1.0f / L;
+        for (int c = 0; c < d; ++c) o[c] *= inv;
+      }
+    }
+}
+
+/// Decode attention over `layer` of a CompressedKVCache (or anything with `params(layer)` and `layout`).
+template <class Cache>
+void decode_attention(const Cache& cache, int layer, QueryView q, OutputView out, const AttentionOptions& opt = {}) {
+  decode_attention<typename Cache::layout>(cache.params(layer), q, out, opt);
+}
+}  // namespace kvc

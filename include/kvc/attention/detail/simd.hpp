@@ -1,0 +1,238 @@
+/// \file simd.hpp
+/// Private: the minimal vector layer of the fused CPU attention. One `VecF` (float lanes) and one
+/// `VecI` (int32 lanes) per ISA: AVX-512 (16 lanes, VNNI `vpdpbusd`), AVX2 (8 lanes, `vpdpbusd`
+/// emulated by `vpmaddubsw`+`vpmaddwd`, exact while |u8*s8 pair sums| < 2^15, which holds for codes
+/// of <= 4 bits), portable (1 lane). All three compute the same integer dot products, so results
+/// differ only in float summation order.
+#pragma once
+#ifndef KVC_ATTENTION_INTERNAL
+#  error "kvc/attention/detail/simd.hpp is private: include <kvc/attention/decode_attention.hpp>"
+#endif
+
+#include <kvc/config.hpp>
+#include <kvc/core/bit_packing.hpp>
+#include <kvc/core/numeric.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#if KVC_HAS_AVX512() || KVC_HAS_AVX2()
+#  include <immintrin.h>
+#endif
+
+namespace kvc::detail::simd {
+
+// 2^x for x in [-126, 126] (inputs below are clamped, so 2^-inf ~ 2^-126 * 0 terms vanish):
+// round to nearest integer n, f = x - n in [-0.5, 0.5], 2^f by its degree-6 Taylor series
+// (relative error < 2e-7), then scale by 2^n.
+inline constexpr float kExp2C[7] = {1.0f, 0.6931471805599453f, 0.2402265069591007f, 0.05550410866482158f,
+                                    0.009618129107628477f, 0.0013333558146428443f, 0.00015403530393381606f};
+
+#if KVC_HAS_AVX512()
+struct VecF {
+  static constexpr int N = 16;
+  __m512 v;
+  static VecF zero() { return {_mm512_setzero_ps()}; }
+  static VecF set1(float x) { return {_mm512_set1_ps(x)}; }
+  static VecF load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  static VecF load(const half_t* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
+  static VecF load(const bfloat16_t* p) {
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16))};
+  }
+  static VecF load(const std::uint8_t* p) {
+    return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+  }
+  /// Rounds to nearest and stores N saturated unsigned / signed bytes.
+  void store_u8(std::uint8_t* p) const {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtusepi32_epi8(_mm512_max_epi32(_mm512_cvtps_epi32(v), _mm512_setzero_si512())));
+  }
+  void store_i8(std::int8_t* p) const { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v))); }
+  void store(float* p) const { _mm512_storeu_ps(p, v); }
+  friend VecF fma(VecF a, VecF b, VecF c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+  friend VecF operator*(VecF a, VecF b) { return {_mm512_mul_ps(a.v, b.v)}; }
+  friend VecF operator+(VecF a, VecF b) { return {_mm512_add_ps(a.v, b.v)}; }
+  friend VecF operator-(VecF a, VecF b) { return {_mm512_sub_ps(a.v, b.v)}; }
+  friend VecF max(VecF a, VecF b) { return {_mm512_max_ps(a.v, b.v)}; }
+  friend VecF abs(VecF a) { return {_mm512_abs_ps(a.v)}; }
+  friend VecF round_nearest(VecF a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+  friend float reduce_add(VecF a) { return _mm512_reduce_add_ps(a.v); }
+  friend float reduce_max(VecF a) { return _mm512_reduce_max_ps(a.v); }
+  friend VecF exp2(VecF x) {
+    x.v = _mm512_max_ps(_mm512_min_ps(x.v, _mm512_set1_ps(126.0f)), _mm512_set1_ps(-126.0f));
+    const __m512 n = _mm512_roundscale_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(x.v, n);
+    __m512 p = _mm512_set1_ps(kExp2C[6]);
+    for (int i = 5; i >= 0; --i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2C[i]));
+    return {_mm512_scalef_ps(p, n)};
+  }
+};
+struct VecI {
+  static constexpr int N = 16;
+  __m512i v;
+  static VecI zero() { return {_mm512_setzero_si512()}; }
+  static VecI set1(std::int32_t x) { return {_mm512_set1_epi32(x)}; }
+  static VecI load(const std::uint8_t* p) { return {_mm512_loadu_si512(p)}; }  // 4N bytes
+  /// acc += per-lane dot of 4 unsigned bytes of `u` with 4 signed bytes of `s`.
+  friend VecI dpbusd(VecI acc, VecI u, VecI s) { return {_mm512_dpbusd_epi32(acc.v, u.v, s.v)}; }
+  VecF to_float() const { return {_mm512_cvtepi32_ps(v)}; }
+};
+#elif KVC_HAS_AVX2()
+struct VecF {
+  static constexpr int N = 8;
+  __m256 v;
+  static VecF zero() { return {_mm256_setzero_ps()}; }
+  static VecF set1(float x) { return {_mm256_set1_ps(x)}; }
+  static VecF load(const float* p) { return {_mm256_loadu_ps(p)}; }
+  static VecF load(const half_t* p) { return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))}; }
+  static VecF load(const bfloat16_t* p) {
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16))};
+  }
+  static VecF load(const std::uint8_t* p) {
+    return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))))};
+  }
+  void store_u8(std::uint8_t* p) const {
+    alignas(32) std::int32_t t[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(t), _mm256_cvtps_epi32(v));
+    for (int i = 0; i < 8; ++i) p[i] = static_cast<std::uint8_t>(std::clamp(t[i], 0, 255));
+  }
+  void store_i8(std::int8_t* p) const {
+    alignas(32) std::int32_t t[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(t), _mm256_cvtps_epi32(v));
+    for (int i = 0; i < 8; ++i) p[i] = static_cast<std::int8_t>(std::clamp(t[i], -128, 127));
+  }
+  void store(float* p) const { _mm256_storeu_ps(p, v); }
+  friend VecF fma(VecF a, VecF b, VecF c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+  friend VecF operator*(VecF a, VecF b) { return {_mm256_mul_ps(a.v, b.v)}; }
+  friend VecF operator+(VecF a, VecF b) { return {_mm256_add_ps(a.v, b.v)}; }
+  friend VecF operator-(VecF a, VecF b) { return {_mm256_sub_ps(a.v, b.v)}; }
+  friend VecF max(VecF a, VecF b) { return {_mm256_max_ps(a.v, b.v)}; }
+  friend VecF abs(VecF a) { return {_mm256_andnot_ps(_mm256_set1_ps(-0.0f), a.v)}; }
+  friend VecF round_nearest(VecF a) { return {_mm256_round_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+  friend float reduce_add(VecF a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  friend float reduce_max(VecF a) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  friend VecF exp2(VecF x) {
+    x.v = _mm256_max_ps(_mm256_min_ps(x.v, _mm256_set1_ps(126.0f)), _mm256_set1_ps(-126.0f));
+    const __m256 n = _mm256_round_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_sub_ps(x.v, n);
+    __m256 p = _mm256_set1_ps(kExp2C[6]);
+    for (int i = 5; i >= 0; --i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2C[i]));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return {_mm256_mul_ps(p, _mm256_castsi256_ps(e))};
+  }
+};
+struct VecI {
+  static constexpr int N = 8;
+  __m256i v;
+  static VecI zero() { return {_mm256_setzero_si256()}; }
+  static VecI set1(std::int32_t x) { return {_mm256_set1_epi32(x)}; }
+  static VecI load(const std::uint8_t* p) { return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))}; }
+  friend VecI dpbusd(VecI acc, VecI u, VecI s) {
+    const __m256i pairs = _mm256_maddubs_epi16(u.v, s.v);
+    return {_mm256_add_epi32(acc.v, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))};
+  }
+  VecF to_float() const { return {_mm256_cvtepi32_ps(v)}; }
+};
+#else
+struct VecF {
+  static constexpr int N = 1;
+  float v;
+  static VecF zero() { return {0.0f}; }
+  static VecF set1(float x) { return {x}; }
+  static VecF load(const float* p) { return {*p}; }
+  template <class T>
+  static VecF load(const T* p) { return {StorageTraits<T>::load(*p)}; }
+  static VecF load(const std::uint8_t* p) { return {static_cast<float>(*p)}; }
+  void store_u8(std::uint8_t* p) const { *p = static_cast<std::uint8_t>(std::clamp(std::nearbyint(v), 0.0f, 255.0f)); }
+  void store_i8(std::int8_t* p) const { *p = static_cast<std::int8_t>(std::clamp(std::nearbyint(v), -128.0f, 127.0f)); }
+  void store(float* p) const { *p = v; }
+  friend VecF fma(VecF a, VecF b, VecF c) { return {std::fma(a.v, b.v, c.v)}; }
+  friend VecF operator*(VecF a, VecF b) { return {a.v * b.v}; }
+  friend VecF operator+(VecF a, VecF b) { return {a.v + b.v}; }
+  friend VecF operator-(VecF a, VecF b) { return {a.v - b.v}; }
+  friend VecF max(VecF a, VecF b) { return {std::max(a.v, b.v)}; }
+  friend VecF abs(VecF a) { return {std::fabs(a.v)}; }
+  friend VecF round_nearest(VecF a) { return {std::nearbyint(a.v)}; }
+  friend float reduce_add(VecF a) { return a.v; }
+  friend float reduce_max(VecF a) { return a.v; }
+  friend VecF exp2(VecF x) { return {std::exp2(std::max(x.v, -126.0f))}; }
+};
+struct VecI {
+  static constexpr int N = 1;
+  std::int32_t v;
+  static VecI zero() { return {0}; }
+  static VecI set1(std::int32_t x) { return {x}; }
+  static VecI load(const std::uint8_t* p) {
+    std::int32_t x;
+    std::memcpy(&x, p, 4);
+    return {x};
+  }
+  friend VecI dpbusd(VecI acc, VecI u, VecI s) {
+    std::int32_t sum = acc.v;
+    for (int i = 0; i < 4; ++i)
+      sum += static_cast<std::int32_t>(static_cast<std::uint8_t>(u.v >> (8 * i))) *
+             static_cast<std::int32_t>(static_cast<std::int8_t>(s.v >> (8 * i)));
+    return {sum};
+  }
+  VecF to_float() const { return {static_cast<float>(v)}; }
+};
+#endif
+
+/// Unpacks n plane-packed codes (see core/bit_packing.hpp) into one byte each.
+template <int Bits>
+inline void unpack_codes(const std::uint8_t* __restrict packed, std::size_t n, std::uint8_t* __restrict out) noexcept {
+  std::size_t base = 0;
+  constexpr int kPlanes = plane_count(Bits);
+  [&]<int... P>(std::integer_sequence<int, P...>) {
+    (
+        [&] {
+          constexpr int w = plane_width(Bits, P), off = plane_offset(Bits, P), per = 8 / w;
+          constexpr std::uint8_t mask = static_cast<std::uint8_t>((1u << w) - 1u);
+          const std::size_t vectors = n / (64u * per);
+          for (std::size_t m = 0; m < vectors; ++m) {
+            const std::uint8_t* src = packed + base + m * 64;
+            std::uint8_t* dst = out + m * per * 64;
+#if KVC_HAS_AVX512()
+            const __m512i x = _mm512_loadu_si512(src);
+            for (int i = 0; i < per; ++i) {
+              __m512i y = _mm512_and_si512(_mm512_srli_epi16(x, i * w), _mm512_set1_epi8(static_cast<char>(mask)));
+              if constexpr (off != 0)
+                y = _mm512_or_si512(_mm512_loadu_si512(dst + i * 64), _mm512_slli_epi16(y, off));
+              _mm512_storeu_si512(dst + i * 64, y);
+            }
+#elif KVC_HAS_AVX2()
+            for (int half = 0; half < 2; ++half) {
+              const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32 * half));
+              for (int i = 0; i < per; ++i) {
+                __m256i y = _mm256_and_si256(_mm256_srli_epi16(x, i * w), _mm256_set1_epi8(static_cast<char>(mask)));
+                auto* d = reinterpret_cast<__m256i*>(dst + i * 64 + 32 * half);
+                if constexpr (off != 0) y = _mm256_or_si256(_mm256_loadu_si256(d), _mm256_slli_epi16(y, off));
+                _mm256_storeu_si256(d, y);
+              }
+            }
+#else
+            for (int i = 0; i < per; ++i)
+              for (int j = 0; j < 64; ++j) {
+                const auto y = static_cast<std::uint8_t>(((src[j] >> (i * w)) & mask) << off);
+                dst[i * 64 + j] = off ? static_cast<std::uint8_t>(dst[i * 64 + j] | y) : y;
+              }
+#endif
+          }
+          base += n * w / 8;
+        }(),
+        ...);
+  }(std::make_integer_sequence<int, kPlanes>{});
+}
+}  // namespace kvc::detail::simd

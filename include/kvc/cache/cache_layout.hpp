@@ -1,0 +1,158 @@
+// kvc: nvcc-safe
+/// \file cache_layout.hpp
+/// Where every byte of a compressed KV cache lives, as trivially-copyable `Params` that both the
+/// CPU attention and the CUDA kernels read (the host container owns the memory).
+///
+/// Per layer, sequence and KV head, a stream of tokens is stored as:
+///  - sink:   the first `Sink` tokens, token-major, selector storage W (fp16 by default);
+///  - blocks: quantized blocks of B tokens, in token order, each [codes][lo x G][step x G] (fp16
+///            metadata planes, G groups), padded to 64 bytes; identity blocks hold raw elements;
+///  - ring:   the newest not-yet-quantized tokens (at most Recent + B - 1), token-major, slot
+///            (pos - Sink) mod (Recent + B).
+/// Codes inside a block are in kernel order, chosen per side for the dot product that reads them:
+///  - keys, codes <= 4 bits:   [c/4][t][c%4]  (4 channels per 32-bit lane: `vpdpbusd` over channels)
+///  - values, codes <= 4 bits: [t/4][c][t%4]  (4 tokens per 32-bit lane: `vpdpbusd` over tokens)
+///  - otherwise (5..8-bit codes, identity): keys [c][t], values [t][c] (float FMA, lanes = tokens /
+///    channels).
+/// Metadata planes are channel-group major: index cg * (B/gt) + tg, so per-channel key scales are
+/// contiguous over channels and per-token value scales contiguous over tokens.
+#pragma once
+
+#include <kvc/config.hpp>
+#include <kvc/core/bit_packing.hpp>
+#include <kvc/core/concepts.hpp>
+#include <kvc/core/numeric.hpp>
+#include <kvc/quant/codec.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace kvc {
+
+enum class Side { kKey, kValue };
+
+namespace detail {
+template <class Q, class = void>
+struct identity_storage {
+  using type = void;
+};
+template <class Q>
+struct identity_storage<Q, std::void_t<typename Q::storage>> {
+  using type = typename Q::storage;
+};
+}  // namespace detail
+
+/// Storage format of one side's blocks. Host+device.
+template <Quantizer Q, Side S, int B>
+struct BlockFormat {
+  using quantizer = Q;
+  static constexpr Side kSide = S;
+  static constexpr int kBlockTokens = B;
+  static constexpr bool kIdentity = Q::kIsIdentity;
+  static constexpr int kBits = Q::kBits;
+  /// Integer dot-product path (vpdpbusd-style) for codes of <= 4 bits; float FMA otherwise.
+  static constexpr bool kIntDot = !kIdentity && kBits <= 4;
+  using element = std::conditional_t<kIdentity, typename detail::identity_storage<Q>::type, std::uint8_t>;
+  static constexpr int kGroupTokens = Q::kGroupTokens == 0 ? B : Q::kGroupTokens;
+  static_assert(kIdentity || kGroupTokens == 1 || kGroupTokens == B,
+                "kvc: a quantizer group must span one token or the whole block (use BlockTokens<Group>)");
+  static constexpr bool kPerTokenScale = kGroupTokens == 1;  // else constant over the block's tokens
+
+  KVC_HOST_DEVICE static constexpr int group_channels(int d) noexcept {
+    return Q::kGroupChannels == 0 ? d : Q::kGroupChannels;
+  }
+  KVC_HOST_DEVICE static constexpr int token_groups() noexcept { return B / kGroupTokens; }
+  KVC_HOST_DEVICE static constexpr int groups(int d) noexcept {
+    return kIdentity ? 0 : token_groups() * (d / group_channels(d));
+  }
+  KVC_HOST_DEVICE static constexpr std::size_t code_bytes(int d) noexcept {
+    return kIdentity ? std::size_t(B) * d * sizeof(element) : packed_bytes(std::size_t(B) * d, kBits);
+  }
+  /// Bytes of one block including metadata, padded to 64.
+  KVC_HOST_DEVICE static constexpr std::size_t block_bytes(int d) noexcept {
+    const std::size_t raw = code_bytes(d) + 2u * sizeof(half_t) * static_cast<std::size_t>(groups(d));
+    return (raw + 63u) / 64u * 64u;
+  }
+  /// Position of element (t, c) in the block's kernel order.
+  KVC_HOST_DEVICE static constexpr std::size_t index(int t, int c, int d) noexcept {
+    if constexpr (kIntDot) {
+      if constexpr (S == Side::kKey) return (std::size_t(c >> 2) * B + t) * 4 + (c & 3);
+      else return (std::size_t(t >> 2) * d + c) * 4 + (t & 3);
+    } else {
+      if constexpr (S == Side::kKey) return std::size_t(c) * B + t;
+      else return std::size_t(t) * d + c;
+    }
+  }
+  /// Metadata index of the group holding (t, c).
+  KVC_HOST_DEVICE static constexpr int group_of(int t, int c, int d) noexcept {
+    return (c / group_channels(d)) * token_groups() + t / kGroupTokens;
+  }
+  KVC_HOST_DEVICE static const half_t* lo_plane(const std::byte* block, int d) noexcept {
+    return reinterpret_cast<const half_t*>(block + code_bytes(d));
+  }
+  KVC_HOST_DEVICE static const half_t* step_plane(const std::byte* block, int d) noexcept {
+    return lo_plane(block, d) + groups(d);
+  }
+  /// Reconstructed value of element (t, c) of a block. Host+device (slow path: tests, dequantize()).
+  KVC_HOST_DEVICE static float decode(const std::byte* block, int t, int c, int d) noexcept {
+    if constexpr (kIdentity) {
+      return StorageTraits<element>::load(reinterpret_cast<const element*>(block)[index(t, c, d)]);
+    } else {
+      const auto code = packed_code_at(reinterpret_cast<const std::uint8_t*>(block), std::size_t(B) * d, kBits,
+                                       index(t, c, d));
+      const int g = group_of(t, c, d);
+      const Affine a = Q::codec::affine(QuantMeta{lo_plane(block, d)[g], step_plane(block, d)[g]});
+      return a.zero + a.scale * static_cast<float>(code);
+    }
+  }
+};
+
+/// Compile-time description of a cache: key/value block formats and the full-precision selector.
+template <Quantizer KQ, Quantizer VQ, Selector Sel, int B>
+struct CacheLayout {
+  using key_format = BlockFormat<KQ, Side::kKey, B>;
+  using value_format = BlockFormat<VQ, Side::kValue, B>;
+  using selector = Sel;
+  using window_t = typename Sel::storage;
+  static constexpr int kBlockTokens = B;
+  static constexpr int kSink = Sel::kSink;
+  static constexpr int kRecent = Sel::kRecent;
+  static constexpr int kRingTokens = Sel::ring_tokens(B);
+
+  /// One layer's view of the cache. Trivially copyable; pointers are host or device memory.
+  struct Params {
+    int batch;            ///< sequences
+    int kv_heads;
+    int head_dim;
+    int capacity_blocks;  ///< quantized blocks a stream can hold
+    const int* lengths;   ///< [batch] tokens per sequence
+    std::byte* k_blocks;  ///< [batch][kv_heads][capacity_blocks] blocks of key_format::block_bytes
+    std::byte* v_blocks;
+    window_t* k_sink;  ///< [batch][kv_heads][kSink][head_dim]
+    window_t* v_sink;
+    window_t* k_ring;  ///< [batch][kv_heads][kRingTokens][head_dim]
+    window_t* v_ring;
+
+    KVC_HOST_DEVICE int stream(int seq, int head) const noexcept { return seq * kv_heads + head; }
+    KVC_HOST_DEVICE int quantized_blocks(int seq) const noexcept { return Sel::quantized_blocks(lengths[seq], B); }
+    KVC_HOST_DEVICE std::byte* key_block(int seq, int head, int blk) const noexcept {
+      return k_blocks + (std::size_t(stream(seq, head)) * capacity_blocks + blk) * key_format::block_bytes(head_dim);
+    }
+    KVC_HOST_DEVICE std::byte* value_block(int seq, int head, int blk) const noexcept {
+      return v_blocks + (std::size_t(stream(seq, head)) * capacity_blocks + blk) * value_format::block_bytes(head_dim);
+    }
+    /// Full-precision row of token `pos` (a sink or ring token; callers know which), or nullptr.
+    KVC_HOST_DEVICE window_t* fp_row(Side side, int seq, int head, int pos) const noexcept {
+      if (pos < kSink) {
+        window_t* base = side == Side::kKey ? k_sink : v_sink;
+        return base + (std::size_t(stream(seq, head)) * kSink + pos) * head_dim;
+      }
+      window_t* base = side == Side::kKey ? k_ring : v_ring;
+      const int slot = (pos - kSink) % kRingTokens;
+      return base + (std::size_t(stream(seq, head)) * kRingTokens + slot) * head_dim;
+    }
+  };
+  static_assert(std::is_trivially_copyable_v<Params>, "kvc: CacheLayout::Params must be trivially copyable");
+};
+}  // namespace kvc

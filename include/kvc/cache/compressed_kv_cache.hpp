@@ -1,0 +1,351 @@
+/// \file compressed_kv_cache.hpp
+/// `kvc::CompressedKVCache<Policy...>`: the host container of a compressed KV cache
+/// (layers x sequences x KV heads x tokens x head_dim), composed from policies in any order.
+#pragma once
+
+#include <kvc/config.hpp>
+#include <kvc/cache/cache_layout.hpp>
+#include <kvc/core/aligned_buffer.hpp>
+#include <kvc/core/concepts.hpp>
+#include <kvc/core/error.hpp>
+#include <kvc/core/numeric.hpp>
+#include <kvc/core/view.hpp>
+#include <kvc/quant/codec.hpp>
+#include <kvc/quant/no_quantizer.hpp>
+#include <kvc/select/full_precision_window.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+namespace kvc {
+
+/// Runtime shape of a cache. `capacity` is the most tokens one sequence may hold.
+struct CacheConfig {
+  int layers = 1;
+  int batch = 1;  ///< sequences
+  int kv_heads = 0;
+  int head_dim = 0;
+  int capacity = 0;
+};
+
+namespace detail {
+template <class... P>
+struct resolve_policies {
+  static constexpr bool kOk = check_policies<P...>::kOk;
+  using bare = typename find_policy<kind::quantizer, void, P...>::type;
+  static constexpr bool kHasBare = !std::is_void_v<bare>;
+  using key_q = std::conditional_t<kHasBare, bare,
+                                   typename find_policy<kind::key_quantizer, keys<NoQuantizer<half_t>>, P...>::type::type>;
+  using value_q =
+      std::conditional_t<kHasBare, bare,
+                         typename find_policy<kind::value_quantizer, values<NoQuantizer<half_t>>, P...>::type::type>;
+
+  template <class Q>
+  static constexpr int identity_width() {
+    if constexpr (Q::kIsIdentity) return static_cast<int>(sizeof(typename Q::storage));
+    else return 2;
+  }
+  // Default selector: no window, in the widest identity storage (an fp32 cache keeps its tail in fp32).
+  using default_window_storage =
+      std::conditional_t<(identity_width<key_q>() > 2 || identity_width<value_q>() > 2), float, half_t>;
+  using selector = typename find_policy<kind::selector, FullPrecisionWindow<0, 0, default_window_storage>, P...>::type;
+
+  static constexpr int kRequired = key_q::kRequiredBlockTokens != 0 ? key_q::kRequiredBlockTokens
+                                                                     : value_q::kRequiredBlockTokens;
+  using block = typename find_policy<kind::block_layout, BlockTokens<kRequired != 0 ? kRequired : 32>, P...>::type;
+};
+}  // namespace detail
+
+/// A compressed KV cache composed from policies, in any order:
+///  - a quantizer for both sides, or `keys<Q>` and/or `values<Q>` (default: fp16, uncompressed);
+///  - a selector (default: no full-precision window), e.g. `FullPrecisionWindow<128>`;
+///  - `BlockTokens<N>` (default: the quantizer's per-channel group size, else 32).
+/// Example (KIVI-2, group 32, 128-token window):
+///   CompressedKVCache<keys<GroupQuantizer<2, 32, Axis::kChannel>>,
+///                     values<GroupQuantizer<2, 32, Axis::kToken>>, FullPrecisionWindow<128>>
+/// Errors: every method that takes input validates all of it first and throws kvc::Error, leaving the
+/// cache unchanged. Not thread-safe for concurrent appends to the same (layer, sequence).
+template <class... P>
+class CompressedKVCache {
+  using R = detail::resolve_policies<P...>;
+  static_assert(R::kOk);  // the messages come from detail::check_policies
+  static_assert(detail::count_kind<kind::outlier_filter, P...> == 0,
+                "kvc: outlier-filter policies are not supported by CompressedKVCache yet");
+  static_assert(detail::count_kind<kind::residual, P...> == 0,
+                "kvc: residual (low-rank) policies are not supported by CompressedKVCache yet");
+  static_assert(detail::count_kind<kind::loader, P...> == 0,
+                "kvc: loader policies are not supported by CompressedKVCache yet");
+
+ public:
+  using key_quantizer = typename R::key_q;
+  using value_quantizer = typename R::value_q;
+  using selector = typename R::selector;
+  static constexpr int kBlockTokens = R::block::kTokens;
+  using layout = CacheLayout<key_quantizer, value_quantizer, selector, kBlockTokens>;
+  using params_type = typename layout::Params;
+  using key_format = typename layout::key_format;
+  using value_format = typename layout::value_format;
+  using window_t = typename layout::window_t;
+
+  static_assert(key_quantizer::kRequiredBlockTokens == 0 || key_quantizer::kRequiredBlockTokens == kBlockTokens,
+                "kvc: the key quantizer's per-channel group size must equal the block size (BlockTokens<Group>)");
+  static_assert(value_quantizer::kRequiredBlockTokens == 0 || value_quantizer::kRequiredBlockTokens == kBlockTokens,
+                "kvc: the value quantizer's per-channel group size must equal the block size (BlockTokens<Group>)");
+  static_assert(R::template identity_width<key_quantizer>() <= static_cast<int>(sizeof(window_t)) &&
+                    R::template identity_width<value_quantizer>() <= static_cast<int>(sizeof(window_t)),
+                "kvc: the full-precision window's storage is narrower than the identity quantizer's; "
+                "use FullPrecisionWindow<R, S, float> for an fp32 cache");
+
+  explicit CompressedKVCache(const CacheConfig& cfg) : cfg_(cfg) {
+    KVC_CHECK(cfg.layers > 0 && cfg.batch > 0 && cfg.kv_heads > 0 && cfg.head_dim > 0 && cfg.capacity > 0,
+              Errc::kInvalidArgument, "cache config needs positive layers, batch, kv_heads, head_dim and capacity (got ",
+              cfg.layers, ", ", cfg.batch, ", ", cfg.kv_heads, ", ", cfg.head_dim, ", ", cfg.capacity, ")");
+    KVC_CHECK(cfg.head_dim % 16 == 0, Errc::kInvalidArgument, "head_dim ", cfg.head_dim,
+              " is not a multiple of 16");
+    check_groups<key_quantizer>("key");
+    check_groups<value_quantizer>("value");
+    const int S = selector::kSink, Rw = selector::kRecent;
+    cap_blocks_ = cfg.capacity > S + Rw ? (cfg.capacity - S - Rw) / kBlockTokens : 0;
+    const std::size_t streams = std::size_t(cfg.layers) * cfg.batch * cfg.kv_heads;
+    const std::size_t d = std::size_t(cfg.head_dim);
+    k_blocks_ = AlignedBuffer<std::byte>(streams * cap_blocks_ * key_format::block_bytes(cfg.head_dim));
+    v_blocks_ = AlignedBuffer<std::byte>(streams * cap_blocks_ * value_format::block_bytes(cfg.head_dim));
+    const std::size_t sink = std::size_t(std::min(S, cfg.capacity));
+    const std::size_t ring = std::size_t(std::min(layout::kRingTokens, cfg.capacity));
+    k_sink_ = AlignedBuffer<window_t>(streams * S * d);
+    v_sink_ = AlignedBuffer<window_t>(streams * S * d);
+    k_ring_ = AlignedBuffer<window_t>(streams * layout::kRingTokens * d);
+    v_ring_ = AlignedBuffer<window_t>(streams * layout::kRingTokens * d);
+    (void)sink;
+    (void)ring;
+    lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
+  }
+
+  [[nodiscard]] const CacheConfig& config() const noexcept { return cfg_; }
+  [[nodiscard]] int length(int layer, int seq) const {
+    check_index(layer, seq);
+    return lengths_[std::size_t(layer) * cfg_.batch + seq];
+  }
+  /// Quantized blocks of (layer, seq).
+  [[nodiscard]] int quantized_blocks(int layer, int seq) const {
+    return selector::quantized_blocks(length(layer, seq), kBlockTokens);
+  }
+
+  /// Appends `k.dim0` tokens (prefill: many; decode: one) to sequence `seq` of `layer`.
+  /// k, v: [tokens][kv_heads][head_dim], finite, and within what the storage represents (fp16: 65504).
+  /// Tokens are written to the sink or the full-precision ring; blocks that become complete and older
+  /// than the window are quantized at once (each token exactly once).
+  void append(int layer, int seq, KVView k, KVView v) {
+    check_index(layer, seq);
+    KVC_CHECK(k.dim1 == cfg_.kv_heads && k.dim2 == cfg_.head_dim, Errc::kInvalidArgument, "keys have shape [", k.dim0,
+              "][", k.dim1, "][", k.dim2, "], expected [tokens][", cfg_.kv_heads, "][", cfg_.head_dim, "]");
+    KVC_CHECK(v.dim1 == cfg_.kv_heads && v.dim2 == cfg_.head_dim, Errc::kInvalidArgument, "values have shape [",
+              v.dim0, "][", v.dim1, "][", v.dim2, "], expected [tokens][", cfg_.kv_heads, "][", cfg_.head_dim, "]");
+    KVC_CHECK(k.dim0 == v.dim0, Errc::kInvalidArgument, "keys hold ", k.dim0, " tokens but values hold ", v.dim0);
+    KVC_CHECK(k.dim0 >= 0, Errc::kInvalidArgument, "negative token count ", k.dim0);
+    if (k.dim0 == 0) return;
+    KVC_CHECK(k.data != nullptr && v.data != nullptr, Errc::kInvalidArgument, "null key or value data");
+    int& n = lengths_[std::size_t(layer) * cfg_.batch + seq];
+    KVC_CHECK(std::int64_t(n) + k.dim0 <= cfg_.capacity, Errc::kCapacityExceeded, "appending ", k.dim0,
+              " tokens to layer ", layer, " sequence ", seq, " holding ", n, " exceeds the capacity of ", cfg_.capacity,
+              " tokens");
+    check_values(k, "key");
+    check_values(v, "value");
+
+    const params_type p = params(layer);
+    const int S = selector::kSink, Rw = selector::kRecent, B = kBlockTokens, d = cfg_.head_dim;
+    for (int t = 0; t < k.dim0; ++t) {
+      const int pos = n;
+      for (int h = 0; h < cfg_.kv_heads; ++h) {
+        convert(k.row(t, h), p.fp_row(Side::kKey, seq, h, pos), std::size_t(d));
+        convert(v.row(t, h), p.fp_row(Side::kValue, seq, h, pos), std::size_t(d));
+      }
+      n = pos + 1;
+      const int nb = selector::quantized_blocks(pos, B);  // blocks before this token
+      if (pos >= S && n - S - nb * B == Rw + B) {
+        for (int h = 0; h < cfg_.kv_heads; ++h) {
+          quantize_block<key_format>(p, Side::kKey, seq, h, nb, p.key_block(seq, h, nb));
+          quantize_block<value_format>(p, Side::kValue, seq, h, nb, p.value_block(seq, h, nb));
+        }
+      }
+    }
+  }
+
+  /// Forgets sequence `seq` in every layer (its storage is reused by the next append).
+  void clear(int seq) {
+    check_index(0, seq);
+    for (int l = 0; l < cfg_.layers; ++l) lengths_[std::size_t(l) * cfg_.batch + seq] = 0;
+  }
+
+  /// The trivially-copyable view of one layer that attention kernels read.
+  [[nodiscard]] params_type params(int layer) const {
+    KVC_CHECK(layer >= 0 && layer < cfg_.layers, Errc::kInvalidArgument, "layer ", layer, " out of range [0, ",
+              cfg_.layers, ")");
+    const std::size_t per_layer_streams = std::size_t(cfg_.batch) * cfg_.kv_heads;
+    const std::size_t s0 = layer * per_layer_streams, d = std::size_t(cfg_.head_dim);
+    auto* self = const_cast<CompressedKVCache*>(this);
+    return params_type{cfg_.batch,
+                       cfg_.kv_heads,
+                       cfg_.head_dim,
+                       cap_blocks_,
+                       lengths_.data() + std::size_t(layer) * cfg_.batch,
+                       self->k_blocks_.data() + s0 * cap_blocks_ * key_format::block_bytes(cfg_.head_dim),
+                       self->v_blocks_.data() + s0 * cap_blocks_ * value_format::block_bytes(cfg_.head_dim),
+                       self->k_sink_.data() + s0 * selector::kSink * d,
+                       self->v_sink_.data() + s0 * selector::kSink * d,
+                       self->k_ring_.data() + s0 * layout::kRingTokens * d,
+                       self->v_ring_.data() + s0 * layout::kRingTokens * d};
+  }
+
+  /// Bytes holding live data of one layer: codes, fp16 scales and zeros (lo, step), block padding,
+  /// sink and window tokens. One fused decode step over the layer reads exactly these bytes.
+  [[nodiscard]] std::size_t stored_bytes(int layer) const {
+    std::size_t total = 0;
+    for (int s = 0; s < cfg_.batch; ++s) {
+      const int n = length(layer, s);
+      const int nb = selector::quantized_blocks(n, kBlockTokens);
+      const std::size_t fp_tokens = std::size_t(n) - std::size_t(nb) * kBlockTokens;
+      total += std::size_t(cfg_.kv_heads) *
+               (nb * (key_format::block_bytes(cfg_.head_dim) + value_format::block_bytes(cfg_.head_dim)) +
+                fp_tokens * 2u * cfg_.head_dim * sizeof(window_t));
+    }
+    return total;
+  }
+  [[nodiscard]] std::size_t stored_bytes() const {
+    std::size_t total = 0;
+    for (int l = 0; l < cfg_.layers; ++l) total += stored_bytes(l);
+    return total;
+  }
+  /// Bytes of the cache that one decode step over `layer` reads (every live byte, once).
+  [[nodiscard]] std::size_t decode_read_bytes(int layer) const { return stored_bytes(layer); }
+  /// Elements (K and V) held in the cache.
+  [[nodiscard]] std::size_t elements() const {
+    std::size_t n = 0;
+    for (int l = 0; l < cfg_.layers; ++l)
+      for (int s = 0; s < cfg_.batch; ++s) n += std::size_t(length(l, s));
+    return n * 2u * cfg_.kv_heads * cfg_.head_dim;
+  }
+  /// Stored bits per K/V element, everything counted (0 when empty).
+  [[nodiscard]] double bits_per_element() const {
+    const std::size_t e = elements();
+    return e ? 8.0 * static_cast<double>(stored_bytes()) / static_cast<double>(e) : 0.0;
+  }
+  /// Bytes reserved for the configured capacity.
+  [[nodiscard]] std::size_t allocated_bytes() const {
+    return k_blocks_.size() + v_blocks_.size() +
+           (k_sink_.size() + v_sink_.size() + k_ring_.size() + v_ring_.size()) * sizeof(window_t) +
+           lengths_.size() * sizeof(int);
+  }
+
+  /// Reconstructs what the cache holds for (layer, seq) into k, v: [length][kv_heads][head_dim].
+  /// For tests and debugging; attention never does this.
+  void dequantize(int layer, int seq, float* k, float* v) const {
+    const int n = length(layer, seq);
+    const params_type p = params(layer);
+    const int nb = selector::quantized_blocks(n, kBlockTokens), S = selector::kSink, d = cfg_.head_dim;
+    for (int pos = 0; pos < n; ++pos)
+      for (int h = 0; h < cfg_.kv_heads; ++h) {
+        float* kr = k + (std::size_t(pos) * cfg_.kv_heads + h) * d;
+        float* vr = v + (std::size_t(pos) * cfg_.kv_heads + h) * d;
+        const int blk = pos < S ? -1 : (pos - S) / kBlockTokens;
+        if (blk >= 0 && blk < nb) {
+          const int t = (pos - S) % kBlockTokens;
+          for (int c = 0; c < d; ++c) {
+            kr[c] = key_format::decode(p.key_block(seq, h, blk), t, c, d);
+            vr[c] = value_format::decode(p.value_block(seq, h, blk), t, c, d);
+          }
+        } else {
+          convert(p.fp_row(Side::kKey, seq, h, pos), kr, std::size_t(d));
+          convert(p.fp_row(Side::kValue, seq, h, pos), vr, std::size_t(d));
+        }
+      }
+  }
+
+  /// Largest |x| an input may hold: the window storage's range, and for quantized sides what fp16
+  /// metadata can span (1-bit endpoint steps equal the whole range, so half of it).
+  [[nodiscard]] static constexpr float input_limit() noexcept {
+    return std::min({StorageTraits<window_t>::kMax, side_limit<key_quantizer>(), side_limit<value_quantizer>()});
+  }
+
+ private:
+  template <class Q>
+  static constexpr float side_limit() noexcept {
+    if constexpr (Q::kIsIdentity) return StorageTraits<typename Q::storage>::kMax;
+    else return Q::kBits == 1 ? half_t::kMax / 2 : half_t::kMax;
+  }
+
+  template <class Q>
+  void check_groups(const char* side) const {
+    if constexpr (!Q::kIsIdentity) {
+      if constexpr (Q::kGroupChannels != 0) {
+        KVC_CHECK(cfg_.head_dim % Q::kGroupChannels == 0, Errc::kInvalidArgument, side, " quantizer groups of ",
+                  Q::kGroupChannels, " channels do not divide head_dim ", cfg_.head_dim);
+      }
+    }
+  }
+
+  void check_index(int layer, int seq) const {
+    KVC_CHECK(layer >= 0 && layer < cfg_.layers, Errc::kInvalidArgument, "layer ", layer, " out of range [0, ",
+              cfg_.layers, ")");
+    KVC_CHECK(seq >= 0 && seq < cfg_.batch, Errc::kInvalidArgument, "sequence ", seq, " out of range [0, ",
+              cfg_.batch, ")");
+  }
+
+  void check_values(KVView x, const char* what) const {
+    const float limit = input_limit();
+    for (int t = 0; t < x.dim0; ++t)
+      for (int h = 0; h < x.dim1; ++h) {
+        const float* r = x.row(t, h);
+        for (int c = 0; c < x.dim2; ++c) {
+          KVC_CHECK(std::isfinite(r[c]), Errc::kNonFinite, what, " token ", t, " head ", h, " channel ", c, " is ",
+                    r[c], " (NaN/Inf rejected)");
+          KVC_CHECK(std::fabs(r[c]) <= limit, Errc::kOutOfRange, what, " token ", t, " head ", h, " channel ", c,
+                    " = ", r[c], " exceeds the storable magnitude ", limit);
+        }
+      }
+  }
+
+  /// Compresses block `blk` of one stream from its full-precision ring rows into `dst`.
+  template <class F>
+  void quantize_block(const params_type& p, Side side, int seq, int head, int blk, std::byte* dst) const {
+    constexpr int B = kBlockTokens;
+    const int d = cfg_.head_dim, first = selector::kSink + blk * B;
+    const window_t* rows[B];
+    for (int t = 0; t < B; ++t) rows[t] = p.fp_row(side, seq, head, first + t);
+    if constexpr (F::kIdentity) {
+      using T = typename F::element;
+      T* out = reinterpret_cast<T*>(dst);
+      for (int t = 0; t < B; ++t)
+        for (int c = 0; c < d; ++c)
+          out[F::index(t, c, d)] = StorageTraits<T>::store(StorageTraits<window_t>::load(rows[t][c]));
+    } else {
+      using Q = typename F::quantizer;
+      std::vector<std::uint8_t> codes(std::size_t(B) * d);
+      auto* lo = reinterpret_cast<half_t*>(dst + F::code_bytes(d));
+      half_t* step = lo + F::groups(d);
+      const int gt = F::kGroupTokens, gc = F::group_channels(d);
+      for (int cg = 0; cg < d / gc; ++cg)
+        for (int tg = 0; tg < B / gt; ++tg) {
+          const int t0 = tg * gt, c0 = cg * gc;
+          const QuantMeta m = quantize_group<typename Q::codec>(
+              gt, gc, Q::kBits, [&](int r, int c) { return StorageTraits<window_t>::load(rows[t0 + r][c0 + c]); },
+              [&](int r, int c, std::uint8_t code) { codes[F::index(t0 + r, c0 + c, d)] = code; });
+          const int g = F::group_of(t0, c0, d);
+          lo[g] = m.lo;
+          step[g] = m.step;
+        }
+      pack_codes(codes.data(), codes.size(), Q::kBits, reinterpret_cast<std::uint8_t*>(dst));
+    }
+  }
+
+  CacheConfig cfg_;
+  int cap_blocks_ = 0;
+  AlignedBuffer<std::byte> k_blocks_, v_blocks_;
+  AlignedBuffer<window_t> k_sink_, v_sink_, k_ring_, v_ring_;
+  std::vector<int> lengths_;
+};
+}  // namespace kvc

@@ -1,0 +1,64 @@
+// kvc: nvcc-safe
+/// \file config.hpp
+/// Version, host/device annotations and feature macros. Every kvc header includes this first.
+/// Feature macros are function-like (`KVC_HAS_AVX512()`), so a misspelt one is a compile error
+/// instead of a silent `0`.
+#pragma once
+
+#define KVC_VERSION_MAJOR 0
+#define KVC_VERSION_MINOR 1
+#define KVC_VERSION_PATCH 0
+
+#if defined(__CUDACC__)
+#  define KVC_HAS_CUDA_COMPILER_ 1
+#  define KVC_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#  define KVC_HAS_CUDA_COMPILER_ 0
+#  define KVC_HOST_DEVICE inline
+#endif
+#define KVC_HAS_CUDA_COMPILER() KVC_HAS_CUDA_COMPILER_
+
+// Host SIMD paths are chosen at compile time from the target flags (like Eigen): build with
+// -march=native (or -mavx512f -mavx512bw -mavx512vl -mavx512vnni) to get the AVX-512 VNNI kernels,
+// -mavx2 -mfma -mf16c for the AVX2 kernels; anything else gets the portable scalar code.
+// KVC_DISABLE_SIMD forces the portable path (tests use it to check every path against the oracle).
+#if !defined(KVC_DISABLE_SIMD) && !defined(__CUDA_ARCH__) && defined(__AVX512F__) && \
+    defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#  define KVC_HAS_AVX512_ 1
+#else
+#  define KVC_HAS_AVX512_ 0
+#endif
+#if !defined(KVC_DISABLE_SIMD) && !defined(__CUDA_ARCH__) && defined(__AVX2__) && defined(__FMA__) && \
+    defined(__F16C__)
+#  define KVC_HAS_AVX2_ 1
+#else
+#  define KVC_HAS_AVX2_ 0
+#endif
+#if !defined(KVC_DISABLE_SIMD) && !defined(__CUDA_ARCH__) && defined(__F16C__)
+#  define KVC_HAS_F16C_ 1
+#else
+#  define KVC_HAS_F16C_ 0
+#endif
+#define KVC_HAS_AVX512() KVC_HAS_AVX512_
+#define KVC_HAS_AVX2() KVC_HAS_AVX2_
+#define KVC_HAS_F16C() KVC_HAS_F16C_
+
+#if defined(_OPENMP)
+#  define KVC_HAS_OPENMP_ 1
+#else
+#  define KVC_HAS_OPENMP_ 0
+#endif
+#define KVC_HAS_OPENMP() KVC_HAS_OPENMP_
+
+namespace kvc {
+/// The SIMD path this translation unit was compiled for, for logs and benchmark labels.
+inline constexpr const char* simd_path_name() noexcept {
+#if KVC_HAS_AVX512()
+  return "avx512-vnni";
+#elif KVC_HAS_AVX2()
+  return "avx2";
+#else
+  return "portable";
+#endif
+}
+}  // namespace kvc

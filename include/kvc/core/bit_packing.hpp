@@ -1,0 +1,106 @@
+// kvc: nvcc-safe
+/// \file bit_packing.hpp
+/// Packing of 1..8-bit codes into bit planes laid out for SIMD unpacking.
+///
+/// Layout ("plane packing"). A code stream of n codes (n a multiple of kPackQuantum) is cut into
+/// 64-code chunks. A b-bit code is split into planes of width 8, or 4/2/1 following the binary digits
+/// of b (3 = 2+1, 5 = 4+1, 6 = 4+2, 7 = 4+2+1), low bits first. In a plane of width w, 8/w consecutive
+/// chunks share one 64-byte vector: byte j of vector m holds bit-field i (bits [i*w, i*w+w)) =
+/// the plane's bits of code (m*(8/w) + i)*64 + j. Unpacking a plane is therefore one shift and one
+/// mask per chunk on a 64-byte (or 2x32-byte) register, and the packed size is exactly n*b/8 bytes.
+#pragma once
+
+#include <kvc/config.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvc {
+
+/// Code counts must be multiples of this (64-byte chunks, up to 8 chunks per 1-bit plane vector).
+inline constexpr std::size_t kPackQuantum = 512;
+
+/// Width of plane p of a b-bit code (0 when p is past the last plane). Host+device.
+KVC_HOST_DEVICE constexpr int plane_width(int bits, int p) noexcept {
+  if (bits == 8) return p == 0 ? 8 : 0;
+  int seen = 0;
+  for (int w = 4; w >= 1; w >>= 1) {
+    if (bits & w) {
+      if (seen == p) return w;
+      ++seen;
+    }
+  }
+  return 0;
+}
+/// Bit offset of plane p inside the code (planes are stored low bits first).
+KVC_HOST_DEVICE constexpr int plane_offset(int bits, int p) noexcept {
+  int off = 0;
+  for (int i = 0; i < p; ++i) off += plane_width(bits, i);
+  return off;
+}
+KVC_HOST_DEVICE constexpr int plane_count(int bits) noexcept {
+  int c = 0;
+  while (plane_width(bits, c) != 0) ++c;
+  return c;
+}
+/// Packed size in bytes of n codes of `bits` bits.
+KVC_HOST_DEVICE constexpr std::size_t packed_bytes(std::size_t n, int bits) noexcept { return n * bits / 8; }
+
+/// Random access to code `idx` of a packed stream of n codes. Host+device; O(planes).
+KVC_HOST_DEVICE std::uint8_t packed_code_at(const std::uint8_t* packed, std::size_t n, int bits,
+                                            std::size_t idx) noexcept {
+  const std::size_t chunk = idx / 64, j = idx % 64;
+  std::uint32_t code = 0;
+  std::size_t base = 0;
+  for (int p = 0, off = 0; p < plane_count(bits); ++p) {
+    const int w = plane_width(bits, p);
+    const std::size_t per = 8u / static_cast<unsigned>(w);
+    const std::size_t m = chunk / per, i = chunk % per;
+    const std::uint32_t byte = packed[base + m * 64 + j];
+    code |= ((byte >> (i * w)) & ((1u << w) - 1u)) << off;
+    base += n * static_cast<std::size_t>(w) / 8;
+    off += w;
+  }
+  return static_cast<std::uint8_t>(code);
+}
+
+/// Packs n codes (each < 2^bits, n % kPackQuantum == 0) into packed_bytes(n, bits) bytes.
+/// Host+device; the caller guarantees the preconditions (the cache checks them once at construction).
+KVC_HOST_DEVICE void pack_codes(const std::uint8_t* codes, std::size_t n, int bits, std::uint8_t* out) noexcept {
+  std::size_t base = 0;
+  for (int p = 0, off = 0; p < plane_count(bits); ++p) {
+    const int w = plane_width(bits, p);
+    const unsigned per = 8u / static_cast<unsigned>(w);
+    const std::uint32_t mask = (1u << w) - 1u;
+    const std::size_t vectors = n / (64u * per);
+    for (std::size_t m = 0; m < vectors; ++m) {
+      for (std::size_t j = 0; j < 64; ++j) {
+        std::uint32_t byte = 0;
+        for (unsigned i = 0; i < per; ++i) byte |= ((codes[(m * per + i) * 64 + j] >> off) & mask) << (i * w);
+        out[base + m * 64 + j] = static_cast<std::uint8_t>(byte);
+      }
+    }
+    base += n * static_cast<std::size_t>(w) / 8;
+    off += w;
+  }
+}
+
+/// Unpacks n codes into one byte each (portable; the SIMD kernels inline their own version).
+KVC_HOST_DEVICE void unpack_codes(const std::uint8_t* packed, std::size_t n, int bits, std::uint8_t* codes) noexcept {
+  for (std::size_t k = 0; k < n; ++k) codes[k] = 0;
+  std::size_t base = 0;
+  for (int p = 0, off = 0; p < plane_count(bits); ++p) {
+    const int w = plane_width(bits, p);
+    const unsigned per = 8u / static_cast<unsigned>(w);
+    const std::uint32_t mask = (1u << w) - 1u;
+    const std::size_t vectors = n / (64u * per);
+    for (std::size_t m = 0; m < vectors; ++m)
+      for (unsigned i = 0; i < per; ++i)
+        for (std::size_t j = 0; j < 64; ++j)
+          codes[(m * per + i) * 64 + j] |=
+              static_cast<std::uint8_t>(((packed[base + m * 64 + j] >> (i * w)) & mask) << off);
+    base += n * static_cast<std::size_t>(w) / 8;
+    off += w;
+  }
+}
+}  // namespace kvc

@@ -1,0 +1,20 @@
+/// \file kvc.hpp
+/// Umbrella header: the whole host-side library.
+#pragma once
+
+#include <kvc/config.hpp>
+#include <kvc/core/bit_packing.hpp>
+#include <kvc/core/concepts.hpp>
+#include <kvc/core/error.hpp>
+#include <kvc/core/numeric.hpp>
+#include <kvc/core/view.hpp>
+#include <kvc/quant/codec.hpp>
+#include <kvc/quant/group_quantizer.hpp>
+#include <kvc/quant/no_quantizer.hpp>
+#include <kvc/quant/uniform_quantizer.hpp>
+#include <kvc/select/full_precision_window.hpp>
+#include <kvc/cache/cache_layout.hpp>
+#include <kvc/cache/compressed_kv_cache.hpp>
+#include <kvc/attention/decode_attention.hpp>
+#include <kvc/attention/reference.hpp>
+#include <kvc/schemes.hpp>
