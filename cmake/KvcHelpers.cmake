@@ -1,0 +1,89 @@
+# Helpers for kvc's own test, benchmark and example targets. Not installed.
+include_guard(GLOBAL)
+
+# kvc_native_flags(<target>)
+#   Adds -march=native to <target> (PRIVATE) when KVC_NATIVE is ON and the compiler accepts it.
+#   Only ever used on kvc's own executables: the exported kvc::kvc never carries -march flags.
+function(kvc_native_flags target)
+  if(KVC_NATIVE AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang|IntelLLVM")
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
+  endif()
+endfunction()
+
+# kvc_add_test(<name> SOURCES <src>... [LABELS <label>...] [DEFINITIONS <def>...]
+#              [OPTIONS <compile option>...] [LIBRARIES <lib>...] [TEST_PREFIX <prefix>]
+#              [NATIVE] [NO_DISCOVERY])
+#   One GoogleTest executable <name> linked to kvc::kvc and GTest::gtest_main, its tests
+#   registered with gtest_discover_tests (DISCOVERY_TIMEOUT 60) under <prefix><Suite>.<Test>.
+#   NATIVE adds -march=native when KVC_NATIVE is ON. NO_DISCOVERY builds but registers nothing
+#   (e.g. for an instruction set this machine cannot run).
+function(kvc_add_test name)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "NATIVE;NO_DISCOVERY" "TEST_PREFIX"
+                        "SOURCES;LABELS;DEFINITIONS;OPTIONS;LIBRARIES")
+  if(arg_UNPARSED_ARGUMENTS)
+    message(FATAL_ERROR "kvc_add_test(${name}): unknown arguments ${arg_UNPARSED_ARGUMENTS}")
+  endif()
+  if(NOT arg_SOURCES)
+    message(FATAL_ERROR "kvc_add_test(${name}): no SOURCES")
+  endif()
+  add_executable(${name} ${arg_SOURCES})
+  target_link_libraries(${name} PRIVATE kvc::kvc GTest::gtest_main ${arg_LIBRARIES})
+  target_compile_definitions(${name} PRIVATE ${arg_DEFINITIONS})
+  target_compile_options(${name} PRIVATE ${arg_OPTIONS})
+  if(arg_NATIVE)
+    kvc_native_flags(${name})
+  endif()
+  if(arg_NO_DISCOVERY)
+    return()
+  endif()
+  gtest_discover_tests(${name}
+    TEST_PREFIX "${arg_TEST_PREFIX}"
+    TEST_LIST ${name}_TESTS
+    DISCOVERY_TIMEOUT 60)
+  # gtest_discover_tests (CMake <= 3.2x) splits list-valued PROPERTIES, so set the labels from a
+  # ctest include file that runs after the discovered tests were added.
+  set(labels unit ${arg_LABELS})
+  set(label_file "${CMAKE_CURRENT_BINARY_DIR}/${name}_labels.cmake")
+  file(CONFIGURE OUTPUT "${label_file}" CONTENT [[
+foreach(_kvc_test IN LISTS @name@_TESTS)
+  set_tests_properties("${_kvc_test}" PROPERTIES LABELS "@labels@")
+endforeach()
+]] @ONLY)
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${label_file}")
+endfunction()
+
+# kvc_add_benchmark(<name> SOURCES <src>... [DEFINITIONS <def>...] [OPTIONS <compile option>...]
+#                   [LIBRARIES <lib>...])
+#   One Google Benchmark executable linked to kvc::kvc and benchmark::benchmark (plus
+#   benchmark::benchmark_main, a static archive: only used if no source defines main()),
+#   built with -O3 and, when KVC_NATIVE is ON, -march=native.
+function(kvc_add_benchmark name)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "" "SOURCES;DEFINITIONS;OPTIONS;LIBRARIES")
+  if(arg_UNPARSED_ARGUMENTS)
+    message(FATAL_ERROR "kvc_add_benchmark(${name}): unknown arguments ${arg_UNPARSED_ARGUMENTS}")
+  endif()
+  if(NOT arg_SOURCES)
+    message(FATAL_ERROR "kvc_add_benchmark(${name}): no SOURCES")
+  endif()
+  add_executable(${name} ${arg_SOURCES})
+  target_link_libraries(${name} PRIVATE kvc::kvc benchmark::benchmark ${arg_LIBRARIES})
+  if(TARGET benchmark::benchmark_main)
+    target_link_libraries(${name} PRIVATE benchmark::benchmark_main)
+  endif()
+  target_compile_definitions(${name} PRIVATE ${arg_DEFINITIONS})
+  if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang|IntelLLVM")
+    target_compile_options(${name} PRIVATE -O3)
+  endif()
+  target_compile_options(${name} PRIVATE ${arg_OPTIONS})
+  kvc_native_flags(${name})
+endfunction()
+
+# kvc_add_example(<source>)
+#   One executable per example file, named after the file stem (examples/00_quickstart.cpp ->
+#   00_quickstart), linked to kvc::kvc, -march=native when KVC_NATIVE is ON.
+function(kvc_add_example source)
+  get_filename_component(name "${source}" NAME_WLE)
+  add_executable(${name} "${source}")
+  target_link_libraries(${name} PRIVATE kvc::kvc)
+  kvc_native_flags(${name})
+endfunction()
