@@ -36,7 +36,16 @@
 #if KVC_HAS_OPENMP()
 #  include <omp.h>
 #endif
+#if defined(__SSE__) || defined(__x86_64__)
+#  include <xmmintrin.h>
+#endif
 
+// GCC 12 reports its own intrinsics' `__Y = __Y` idiom (_mm*_undefined_*) as maybe-uninitialized.
+#if defined(__GNUC__) && !defined(__clang__)
+#  pragma GCC diagnostic push
+#  pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#  pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 namespace kvc {
 
 struct AttentionOptions {
@@ -48,6 +57,18 @@ struct AttentionOptions {
 namespace detail {
 
 inline constexpr float kLog2e = 1.4426950408889634f;
+
+/// Sets flush-to-zero / denormals-are-zero for this thread's lifetime of the object (x86 only).
+class FlushDenormals {
+ public:
+#if defined(__SSE__) || defined(__x86_64__)
+  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }
+  ~FlushDenormals() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+#endif
+};
 
 /// Decode attention for one cache layout. Stateless apart from per-thread scratch.
 template <class Layout>
@@ -62,6 +83,9 @@ class DecodeKernel {
   static constexpr int N = F::N;
   static constexpr int JT = (B / N) >= 2 ? 2 : 1;  // token vectors per pass (ILP)
   static_assert(B % (N * JT) == 0);
+  /// AVX-512 with single-plane 2/4-bit codes: unpack in registers inside the dot-product loops.
+  template <class Fmt>
+  static constexpr bool kFused = KVC_HAS_AVX512() && Fmt::kIntDot && (Fmt::kBits == 2 || Fmt::kBits == 4);
   template <class Fmt>
   static constexpr float kCodeMid = 0.5f * static_cast<float>((1 << Fmt::kBits) - 1);
 
@@ -94,15 +118,36 @@ class DecodeKernel {
       it.l[h] = 0.0f;
     }
     std::memset(it.acc, 0, sizeof(float) * std::size_t(g_) * d);
+    std::memset(s.lvec, 0, sizeof(float) * std::size_t(g_) * N);
+    std::memset(s.zacc, 0, sizeof(float) * std::size_t(g_) * ncg_v() * N);
     if constexpr (KF::kIntDot && KF::kPerTokenScale) prepare_query_int8(s);
 
     const int n = p_.lengths[seq];
     if (sink)
       for (int t = 0; t < std::min(n, Layout::kSink); t += B) fp_tokens(s, it, seq, kvh, t, std::min({n, Layout::kSink, t + B}));
-    for (int b = b0; b < b1; ++b) block(s, it, p_.key_block(seq, kvh, b), p_.value_block(seq, kvh, b));
+    for (int b = b0; b < b1; ++b) {
+      if (b + kPrefetchBlocks < b1) {
+        prefetch(p_.key_block(seq, kvh, b + kPrefetchBlocks), KF::block_bytes(d));
+        prefetch(p_.value_block(seq, kvh, b + kPrefetchBlocks), VF::block_bytes(d));
+      }
+      block(s, it, p_.key_block(seq, kvh, b), p_.value_block(seq, kvh, b));
+    }
     if (tail) {
       const int first = Layout::kSink + p_.quantized_blocks(seq) * B;
       for (int t = first; t < n; t += B) fp_tokens(s, it, seq, kvh, t, std::min(n, t + B));
+    }
+    // Horizontal sums deferred out of the block loop: softmax denominators and value zero terms.
+    const int ncg = ncg_v();
+    for (int h = 0; h < g_; ++h) {
+      it.l[h] = reduce_add(F::load(s.lvec + std::size_t(h) * N));
+      if constexpr (!VF::kIdentity && VF::kPerTokenScale) {
+        const int gc = d / ncg;
+        for (int cg = 0; cg < ncg; ++cg) {
+          const F z = F::set1(reduce_add(F::load(s.zacc + (std::size_t(h) * ncg + cg) * N)));
+          float* o = it.acc + std::size_t(h) * d + cg * gc;
+          for (int c = 0; c < gc; c += N) (F::load(o + c) + z).store(o + c);
+        }
+      }
     }
   }
 
@@ -116,12 +161,16 @@ class DecodeKernel {
     float* bias;    // [g]
     float* psum;    // [g]
     float* perr;    // [g]
+    float* pmax;    // [g] largest probability of the current block
+    float* lvec;    // [g][N] softmax denominators, lane-wise
+    float* zacc;    // [g][ncg_v][N] value zero terms (and rounding corrections), lane-wise
+    float* smax;    // [ncg_v] largest value scale of the current block per channel group
     float* qsum;    // [g][d/gc_k]
-    float* zsum;    // [g][d/gc_v]
     float* wscale;  // [g][d/gc_v]
     float* wf;      // [g][d/gc_v][B] float weights
     std::uint8_t* w8;  // [g][d/gc_v][B]
     std::uint8_t* ktile;  // [B*d]
+    const std::uint8_t* kpacked;  // current key block's packed codes
     std::uint8_t* vtile;  // [B*d]
     float* kzero;  // [groups_k]
     float* kscale;
@@ -148,8 +197,11 @@ class DecodeKernel {
     s.bias = take(g);
     s.psum = take(g);
     s.perr = take(g);
+    s.pmax = take(g);
+    s.lvec = take(g * N);
+    s.zacc = take(g * ncg_v * N);
+    s.smax = take(ncg_v);
     s.qsum = take(g * ncg_k);
-    s.zsum = take(g * ncg_v);
     s.wscale = take(g * ncg_v);
     s.wf = take(g * ncg_v * B);
     s.w8 = reinterpret_cast<std::uint8_t*>(take(g * ncg_v * B / 4 + 1));
@@ -164,6 +216,15 @@ class DecodeKernel {
   }
 
   // ---------------------------------------------------------------- helpers
+  int ncg_v() const noexcept { return VF::kIdentity ? 1 : d_ / VF::group_channels(d_); }
+  /// Blocks ahead to prefetch: the hardware prefetchers alone leave DRAM bandwidth unused with
+  /// only two streams per core.
+  static constexpr int kPrefetchBlocks = 2;
+  static void prefetch(const std::byte* p, std::size_t bytes) noexcept {
+    for (std::size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+  }
+
+
   template <class Fn>
   static void for_head_chunks(int g, Fn&& fn) {
     for (int h0 = 0; h0 < g; h0 += 4) {
@@ -243,7 +304,7 @@ class DecodeKernel {
         for (; t < n; ++t) mx = std::max(mx, r[t]);
       }
       const float mnew = std::max(it.m[h], mx);
-      const float corr = std::exp2(it.m[h] - mnew);  // 0 on the first chunk (m = -inf)
+      const float corr = mnew == it.m[h] ? 1.0f : simd::exp2_scalar(it.m[h] - mnew);  // ~0 on the first chunk
       F sum = F::zero();
       float tail_sum = 0.0f;
       t = 0;
@@ -256,11 +317,18 @@ class DecodeKernel {
         r[t] = std::exp2(r[t] - mnew);
         tail_sum += r[t];
       }
-      it.l[h] = it.l[h] * corr + reduce_add(sum) + tail_sum;
+      float* lv = s.lvec + std::size_t(h) * N;
+      fma(F::load(lv), F::set1(corr), sum).store(lv);
+      lv[0] += tail_sum;
+      s.pmax[h] = mx == mnew ? 1.0f : simd::exp2_scalar(mx - mnew);
       if (corr != 1.0f) {
         float* a = it.acc + std::size_t(h) * d_;
         const F cv = F::set1(corr);
         for (int c = 0; c < d_; c += N) (F::load(a + c) * cv).store(a + c);
+        if constexpr (!VF::kIdentity && VF::kPerTokenScale) {
+          float* z = s.zacc + std::size_t(h) * ncg_v() * N;
+          for (int i = 0; i < ncg_v() * N; i += N) (F::load(z + i) * cv).store(z + i);
+        }
       }
       it.m[h] = mnew;
     }
@@ -310,7 +378,8 @@ class DecodeKernel {
       for (int h = 0; h < g_; ++h) s.bias[h] = 0.0f;
       float_key_dot(s, reinterpret_cast<const typename KF::element*>(kb), s.qf, 0, d, nullptr, nullptr, true);
     } else {
-      simd::unpack_codes<KF::kBits>(reinterpret_cast<const std::uint8_t*>(kb), std::size_t(B) * d, s.ktile);
+      s.kpacked = reinterpret_cast<const std::uint8_t*>(kb);
+      if constexpr (!kFused<KF>) simd::unpack_codes<KF::kBits>(s.kpacked, std::size_t(B) * d, s.ktile);
       load_meta<KF>(kb, s.kzero, s.kscale);
       if constexpr (!KF::kPerTokenScale) {
         // Scales and zeros constant over the block's tokens: fold them into the query.
@@ -318,17 +387,29 @@ class DecodeKernel {
         for (int h = 0; h < g_; ++h) {
           const float* q = s.qf + std::size_t(h) * d;
           float* f = s.fold + std::size_t(h) * d;
-          F bias = F::zero();
+          F bias = F::zero(), mx = F::zero();
           for (int c = 0; c < d; c += N) {
             const F sc = gc == 1 ? F::load(s.kscale + c) : F::set1(s.kscale[c / gc]);
             const F zc = gc == 1 ? F::load(s.kzero + c) : F::set1(s.kzero[c / gc]);
-            const F qv = F::load(q + c);
-            (qv * sc).store(f + c);
+            const F qv = F::load(q + c), fv = qv * sc;
+            fv.store(f + c);
             bias = fma(qv, zc, bias);
+            mx = max(mx, abs(fv));
+          }
+          if constexpr (KF::kIntDot) {
+            // int8 query (see quantize_row_i8), with the centring correction folded into the same sum.
+            const float m = reduce_max(mx);
+            const float scale = m > 0.0f ? m / 127.0f : 1.0f;
+            s.qscale[h] = scale;
+            const F inv = F::set1(m > 0.0f ? 127.0f / m : 0.0f), sv = F::set1(scale), mid = F::set1(kCodeMid<KF>);
+            std::int8_t* q8 = s.q8 + std::size_t(h) * d;
+            for (int c = 0; c < d; c += N) {
+              const F fv = F::load(f + c), qv = round_nearest(fv * inv);
+              qv.store_i8(q8 + c);
+              bias = fma(fv - qv * sv, mid, bias);
+            }
           }
           s.bias[h] = reduce_add(bias);
-          if constexpr (KF::kIntDot)
-            s.bias[h] += kCodeMid<KF> * quantize_row_i8(f, s.q8 + std::size_t(h) * d, s.qscale[h]);
         }
         if constexpr (KF::kIntDot) int_key_dot(s, 0, d, nullptr, nullptr, true);
         else float_key_dot(s, s.ktile, s.fold, 0, d, nullptr, nullptr, true);
@@ -392,6 +473,44 @@ class DecodeKernel {
   void int_key_dot(Scratch& s, int c0, int c1, const float* rowscale, const float* rowzero, bool fold, int cg = 0,
                    int ncg = 1) const {
     const int d = d_;
+#if KVC_HAS_AVX512()
+    if constexpr (kFused<KF>) {
+      // Chunks of 64 codes = 16 tokens x 4 channels; chunk k = quad * CQ + token vector; a packed
+      // vector holds kPer consecutive chunks.
+      constexpr int w = KF::kBits, kPer = 8 / w, CQ = B / 16;
+      const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << w) - 1));
+      for_head_chunks(g_, [&]<int NH>(int h0) {
+        __m512i a[NH][CQ];
+        for (int h = 0; h < NH; ++h)
+          for (int j = 0; j < CQ; ++j) a[h][j] = _mm512_setzero_si512();
+        const int m0 = (c0 / 4) * CQ / kPer, m1 = (c1 / 4) * CQ / kPer;
+        for (int m = m0; m < m1; ++m) {
+          const __m512i x = _mm512_loadu_si512(s.kpacked + std::size_t(m) * 64);
+#  pragma GCC unroll 4
+          for (int i = 0; i < kPer; ++i) {
+            const __m512i code = _mm512_and_si512(_mm512_srli_epi16(x, i * w), mask);
+            const int k = m * kPer + i, quad = k / CQ, j = k % CQ;
+            for (int h = 0; h < NH; ++h) {
+              std::int32_t qq;
+              std::memcpy(&qq, s.q8 + std::size_t(h0 + h) * d + quad * 4, 4);
+              a[h][j] = _mm512_dpbusd_epi32(a[h][j], code, _mm512_set1_epi32(qq));
+            }
+          }
+        }
+        for (int h = 0; h < NH; ++h)
+          for (int j = 0; j < CQ; ++j) {
+            float* out = s.sc + std::size_t(h0 + h) * B + j * 16;
+            const F dot = F{_mm512_cvtepi32_ps(a[h][j])} * F::set1(s.qscale[h0 + h]);
+            if (fold) (dot + F::set1(s.bias[h0 + h])).store(out);
+            else
+              fma(dot, F::load(rowscale + j * 16),
+                  fma(F::set1(s.qsum[(h0 + h) * ncg + cg]), F::load(rowzero + j * 16), F::load(out)))
+                  .store(out);
+          }
+      });
+      return;
+    }
+#endif
     for_head_chunks(g_, [&]<int NH>(int h0) {
       for (int j = 0; j < B; j += N * JT) {
         I a[NH][JT];
@@ -430,29 +549,51 @@ class DecodeKernel {
       float_value_dot(s, it, reinterpret_cast<const typename VF::element*>(vb));
       return;
     } else {
-      simd::unpack_codes<VF::kBits>(reinterpret_cast<const std::uint8_t*>(vb), std::size_t(B) * d, s.vtile);
+      constexpr int kVPer = kFused<VF> ? 8 / VF::kBits : 1;
+      const bool fused_v = kFused<VF> && (d / 16) % kVPer == 0;
+      if (!fused_v) simd::unpack_codes<VF::kBits>(reinterpret_cast<const std::uint8_t*>(vb), std::size_t(B) * d, s.vtile);
       load_meta<VF>(vb, s.vzero, s.vscale);
       const int gc = VF::group_channels(d), ncg = d / gc;
-      // Weights per (head, channel group, token) and the zero terms.
+      // Weights per (head, channel group, token) and the zero terms. Per-token scales: the uint8 weight
+      // scale of (head, group) is pmax_h * smax_g / 255, a bound on max_t p_t s_t that costs one
+      // reduction per group instead of one per (head, group); zero terms (and the centring correction of
+      // the weight rounding) accumulate lane-wise in zacc and are reduced once per work item.
+      if constexpr (VF::kPerTokenScale && VF::kIntDot) {
+        for (int cg = 0; cg < ncg; ++cg) {
+          F mx = F::load(s.vscale + std::size_t(cg) * B);
+          for (int t = N; t < B; t += N) mx = max(mx, F::load(s.vscale + std::size_t(cg) * B + t));
+          s.smax[cg] = reduce_max(mx);
+        }
+      }
       for (int h = 0; h < g_; ++h) {
         const float* pr = s.sc + std::size_t(h) * B;
         if constexpr (VF::kPerTokenScale) {
           for (int cg = 0; cg < ncg; ++cg) {
-            float* w = s.wf + (std::size_t(h) * ncg + cg) * B;
             const float* sr = s.vscale + std::size_t(cg) * B;
             const float* zr = s.vzero + std::size_t(cg) * B;
-            F mx = F::zero(), zs = F::zero();
-            for (int t = 0; t < B; t += N) {
-              const F pv = F::load(pr + t);
-              const F wv = pv * F::load(sr + t);
-              wv.store(w + t);
-              mx = max(mx, wv);
-              zs = fma(pv, F::load(zr + t), zs);
+            float* zacc = s.zacc + (std::size_t(h) * ncg + cg) * N;
+            F zv = F::load(zacc);
+            if constexpr (VF::kIntDot) {
+              const float bound = s.pmax[h] * s.smax[cg];
+              const float scale = bound > 0.0f ? bound / 255.0f : 0.0f;
+              s.wscale[h * ncg + cg] = scale;
+              const F inv = F::set1(bound > 0.0f ? 255.0f / bound : 0.0f), sc = F::set1(scale),
+                      mid = F::set1(kCodeMid<VF>);
+              std::uint8_t* w8 = s.w8 + (std::size_t(h) * ncg + cg) * B;
+              for (int t = 0; t < B; t += N) {
+                const F pv = F::load(pr + t), wv = pv * F::load(sr + t), qv = round_nearest(wv * inv);
+                qv.store_u8(w8 + t);
+                zv = fma(pv, F::load(zr + t), fma(wv - qv * sc, mid, zv));
+              }
+            } else {
+              float* w = s.wf + (std::size_t(h) * ncg + cg) * B;
+              for (int t = 0; t < B; t += N) {
+                const F pv = F::load(pr + t);
+                (pv * F::load(sr + t)).store(w + t);
+                zv = fma(pv, F::load(zr + t), zv);
+              }
             }
-            s.zsum[h * ncg + cg] = reduce_add(zs);
-            if constexpr (VF::kIntDot)
-              s.zsum[h * ncg + cg] += kCodeMid<VF> * quantize_weights(w, s.w8 + (std::size_t(h) * ncg + cg) * B,
-                                                                      s.wscale[h * ncg + cg], reduce_max(mx));
+            zv.store(zacc);
           }
         } else {
           F mx = F::zero(), ps = F::zero();
@@ -467,6 +608,55 @@ class DecodeKernel {
             s.perr[h] = kCodeMid<VF> * quantize_weights(pr, s.w8 + std::size_t(h) * B, s.wscale[h], reduce_max(mx));
         }
       }
+#if KVC_HAS_AVX512()
+      if constexpr (kFused<VF>) {
+        if (fused_v) {
+          // Chunks of 64 codes = 16 channels x 4 tokens; chunk k = token quad * CV + channel vector; a
+          // packed vector holds kVPer channel vectors of one token quad.
+          constexpr int w = VF::kBits;
+          const int CV = d / 16;
+          const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << w) - 1));
+          const auto* packed = reinterpret_cast<const std::uint8_t*>(vb);
+          for_head_chunks(g_, [&]<int NH>(int h0) {
+            for (int cv0 = 0; cv0 < CV; cv0 += kVPer) {
+              __m512i a[NH][kVPer];
+              for (int h = 0; h < NH; ++h)
+                for (int i = 0; i < kVPer; ++i) a[h][i] = _mm512_setzero_si512();
+              for (int tq = 0; tq < B / 4; ++tq) {
+                const __m512i x = _mm512_loadu_si512(packed + (std::size_t(tq) * CV + cv0) / kVPer * 64);
+#  pragma GCC unroll 4
+                for (int i = 0; i < kVPer; ++i) {
+                  const __m512i code = _mm512_and_si512(_mm512_srli_epi16(x, i * w), mask);
+                  const int cg = (cv0 + i) * 16 / gc;
+                  for (int h = 0; h < NH; ++h) {
+                    const std::size_t row =
+                        VF::kPerTokenScale ? (std::size_t(h0 + h) * ncg + cg) * B : std::size_t(h0 + h) * B;
+                    std::int32_t ww;
+                    std::memcpy(&ww, s.w8 + row + tq * 4, 4);
+                    a[h][i] = _mm512_dpbusd_epi32(a[h][i], _mm512_set1_epi32(ww), code);
+                  }
+                }
+              }
+              for (int i = 0; i < kVPer; ++i) {
+                const int c = (cv0 + i) * 16, cg = c / gc;
+                for (int h = 0; h < NH; ++h) {
+                  float* o = it.acc + std::size_t(h0 + h) * d + c;
+                  if constexpr (VF::kPerTokenScale) {
+                    fma(F{_mm512_cvtepi32_ps(a[h][i])}, F::set1(s.wscale[(h0 + h) * ncg + cg]), F::load(o)).store(o);
+                  } else {
+                    const F sc = gc == 1 ? F::load(s.vscale + c) : F::set1(s.vscale[cg]);
+                    const F zc = gc == 1 ? F::load(s.vzero + c) : F::set1(s.vzero[cg]);
+                    const F dh = F{_mm512_cvtepi32_ps(a[h][i])} * F::set1(s.wscale[h0 + h]) + F::set1(s.perr[h0 + h]);
+                    fma(dh, sc, fma(zc, F::set1(s.psum[h0 + h]), F::load(o))).store(o);
+                  }
+                }
+              }
+            }
+          });
+          return;
+        }
+      }
+#endif
       for_head_chunks(g_, [&]<int NH>(int h0) {
         for (int c = 0; c < d; c += N) {
           const int cg = c / gc;
@@ -500,7 +690,7 @@ class DecodeKernel {
           for (int h = 0; h < NH; ++h) {
             float* o = it.acc + std::size_t(h0 + h) * d + c;
             if constexpr (VF::kPerTokenScale) {
-              (F::load(o) + dot[h] + F::set1(s.zsum[(h0 + h) * ncg + cg])).store(o);
+              (F::load(o) + dot[h]).store(o);
             } else {
               const F sc = gc == 1 ? F::load(s.vscale + c) : F::set1(s.vscale[cg]);
               const F zc = gc == 1 ? F::load(s.vzero + c) : F::set1(s.vzero[cg]);
@@ -528,20 +718,31 @@ class DecodeKernel {
     return reduce_add(err);
   }
 
-  /// Uncompressed value block [t][c] of T.
+  /// Uncompressed value block [t][c] of T. CT channel vectors per pass keep NH*CT independent FMA
+  /// chains in flight (the latency, not the port count, bounds a single chain).
   template <class T>
   void float_value_dot(Scratch& s, Item& it, const T* tile) const {
     const int d = d_;
     for_head_chunks(g_, [&]<int NH>(int h0) {
-      for (int c = 0; c < d; c += N) {
-        F a[NH];
-        for (int h = 0; h < NH; ++h) a[h] = F::load(it.acc + std::size_t(h0 + h) * d + c);
+      auto pass = [&]<int CT>(int c) {
+        F a[NH][CT];
+        for (int h = 0; h < NH; ++h)
+          for (int k = 0; k < CT; ++k) a[h][k] = F::load(it.acc + std::size_t(h0 + h) * d + c + k * N);
         for (int t = 0; t < B; ++t) {
-          const F v = F::load(tile + std::size_t(t) * d + c);
-          for (int h = 0; h < NH; ++h) a[h] = fma(F::set1(s.sc[std::size_t(h0 + h) * B + t]), v, a[h]);
+          F v[CT];
+          for (int k = 0; k < CT; ++k) v[k] = F::load(tile + std::size_t(t) * d + c + k * N);
+          for (int h = 0; h < NH; ++h) {
+            const F p = F::set1(s.sc[std::size_t(h0 + h) * B + t]);
+            for (int k = 0; k < CT; ++k) a[h][k] = fma(p, v[k], a[h][k]);
+          }
         }
-        for (int h = 0; h < NH; ++h) a[h].store(it.acc + std::size_t(h0 + h) * d + c);
-      }
+        for (int h = 0; h < NH; ++h)
+          for (int k = 0; k < CT; ++k) a[h][k].store(it.acc + std::size_t(h0 + h) * d + c + k * N);
+      };
+      constexpr int kCT = NH <= 2 ? 8 : 4;
+      int c = 0;
+      for (; c + kCT * N <= d; c += kCT * N) pass.template operator()<kCT>(c);
+      for (; c < d; c += N) pass.template operator()<1>(c);
     });
   }
 
@@ -617,6 +818,9 @@ void decode_attention(const typename Layout::Params& p, QueryView q, OutputView 
 #  pragma omp parallel num_threads(threads)
 #endif
   {
+    // Probabilities far below the running max underflow; denormal operands cost ~100-cycle assists on
+    // x86, and flushing them to zero changes results by < 2^-126 relative. Restored on exit.
+    const detail::FlushDenormals ftz;
     AlignedBuffer<float> scratch(scratch_floats);
 #if KVC_HAS_OPENMP()
 #  pragma omp for schedule(dynamic, 1)
@@ -659,3 +863,6 @@ void decode_attention(const Cache& cache, int layer, QueryView q, OutputView out
   decode_attention<typename Cache::layout>(cache.params(layer), q, out, opt);
 }
 }  // namespace kvc
+#if defined(__GNUC__) && !defined(__clang__)
+#  pragma GCC diagnostic pop
+#endif

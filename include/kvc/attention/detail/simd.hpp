@@ -23,6 +23,12 @@
 #  include <immintrin.h>
 #endif
 
+// GCC 12 reports its own intrinsics' `__Y = __Y` idiom (_mm*_undefined_*) as maybe-uninitialized.
+#if defined(__GNUC__) && !defined(__clang__)
+#  pragma GCC diagnostic push
+#  pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#  pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 namespace kvc::detail::simd {
 
 // 2^x for x in [-126, 126] (inputs below are clamped, so 2^-inf ~ 2^-126 * 0 terms vanish):
@@ -58,6 +64,7 @@ struct VecF {
   friend VecF max(VecF a, VecF b) { return {_mm512_max_ps(a.v, b.v)}; }
   friend VecF abs(VecF a) { return {_mm512_abs_ps(a.v)}; }
   friend VecF round_nearest(VecF a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+  float first() const { return _mm512_cvtss_f32(v); }
   friend float reduce_add(VecF a) { return _mm512_reduce_add_ps(a.v); }
   friend float reduce_max(VecF a) { return _mm512_reduce_max_ps(a.v); }
   friend VecF exp2(VecF x) {
@@ -111,6 +118,7 @@ struct VecF {
   friend VecF max(VecF a, VecF b) { return {_mm256_max_ps(a.v, b.v)}; }
   friend VecF abs(VecF a) { return {_mm256_andnot_ps(_mm256_set1_ps(-0.0f), a.v)}; }
   friend VecF round_nearest(VecF a) { return {_mm256_round_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+  float first() const { return _mm256_cvtss_f32(v); }
   friend float reduce_add(VecF a) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -165,6 +173,7 @@ struct VecF {
   friend VecF max(VecF a, VecF b) { return {std::max(a.v, b.v)}; }
   friend VecF abs(VecF a) { return {std::fabs(a.v)}; }
   friend VecF round_nearest(VecF a) { return {std::nearbyint(a.v)}; }
+  float first() const { return v; }
   friend float reduce_add(VecF a) { return a.v; }
   friend float reduce_max(VecF a) { return a.v; }
   friend VecF exp2(VecF x) { return {std::exp2(std::max(x.v, -126.0f))}; }
@@ -189,6 +198,9 @@ struct VecI {
   VecF to_float() const { return {static_cast<float>(v)}; }
 };
 #endif
+
+/// Scalar 2^x through the vector polynomial (cheaper than libm's exp2f in the softmax update).
+inline float exp2_scalar(float x) noexcept { return exp2(VecF::set1(x)).first(); }
 
 /// Unpacks n plane-packed codes (see core/bit_packing.hpp) into one byte each.
 template <int Bits>
@@ -236,3 +248,7 @@ inline void unpack_codes(const std::uint8_t* __restrict packed, std::size_t n, s
   }(std::make_integer_sequence<int, kPlanes>{});
 }
 }  // namespace kvc::detail::simd
+#if defined(__GNUC__) && !defined(__clang__)
+#  pragma GCC diagnostic pop
+#endif
+

@@ -1,0 +1,158 @@
+// One binary for the bandwidth limit and the kernels, so every ratio comes from one run.
+//   BM_MemoryRead                        plain multi-threaded read of a 1 GiB buffer (the limit)
+//   BM_DecodeAttention/<scheme>/T:<n>    fused decode attention, 8 KV heads, GQA 4, head dim 128,
+//                                        batch 1; caches flushed before every iteration
+//   BM_Append/<scheme>                   prefill compression throughput (4096 tokens)
+// Counters: bytes_per_second = cache bytes one decode step reads (codes, scales, zeros, windows);
+// bits_per_element = stored bits per K/V element, everything counted.
+#include <kvc/kvc.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#if KVC_HAS_AVX512()
+#  include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int kKvHeads = 8, kGqa = 4, kHeadDim = 128;
+constexpr std::size_t kFlushBytes = std::size_t(1) << 30;  // > every last-level cache we run on
+
+/// Evicts the cache hierarchy by writing a buffer larger than the LLC (untimed).
+void flush_caches() {
+  static std::vector<char> buf(kFlushBytes);
+  static char v = 0;
+  std::memset(buf.data(), ++v, buf.size());
+  benchmark::ClobberMemory();
+}
+
+void BM_MemoryRead(benchmark::State& state) {
+  const std::size_t n = kFlushBytes / sizeof(float);
+  kvc::AlignedBuffer<float> buf(n);
+  for (std::size_t i = 0; i < n; ++i) buf[i] = static_cast<float>(i & 1023);
+  for (auto _ : state) {
+    float total = 0.0f;
+#pragma omp parallel reduction(+ : total)
+    {
+#if KVC_HAS_AVX512()
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+#  pragma omp for schedule(static)
+      for (std::size_t i = 0; i < n; i += 64) {
+        a0 = _mm512_add_ps(a0, _mm512_load_ps(buf.data() + i));
+        a1 = _mm512_add_ps(a1, _mm512_load_ps(buf.data() + i + 16));
+        a2 = _mm512_add_ps(a2, _mm512_load_ps(buf.data() + i + 32));
+        a3 = _mm512_add_ps(a3, _mm512_load_ps(buf.data() + i + 48));
+      }
+      total += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#else
+      float acc[16] = {};
+#  pragma omp for schedule(static)
+      for (std::size_t i = 0; i < n; i += 16)
+#  pragma omp simd
+        for (int j = 0; j < 16; ++j) acc[j] += buf[i + j];
+      for (float x : acc) total += x;
+#endif
+    }
+    benchmark::DoNotOptimize(total);
+  }
+  state.counters["bytes_per_second"] =
+      benchmark::Counter(static_cast<double>(n * sizeof(float)) * state.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_MemoryRead)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+/// Keys with realistic structure: per-channel offsets and a few large outlier channels.
+std::vector<float> make_kv(int tokens, bool keys, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(std::size_t(tokens) * kKvHeads * kHeadDim);
+  std::vector<float> offset(kKvHeads * kHeadDim), gain(kKvHeads * kHeadDim, 1.0f);
+  for (int i = 0; i < kKvHeads * kHeadDim; ++i) {
+    offset[i] = keys ? 0.5f * nd(rng) : 0.0f;
+    if (keys && i % 37 == 5) gain[i] = 8.0f;  // outlier channels
+  }
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const std::size_t ch = i % (kKvHeads * kHeadDim);
+    x[i] = offset[ch] + gain[ch] * nd(rng);
+  }
+  return x;
+}
+
+template <class Cache>
+std::unique_ptr<Cache> build_cache(int tokens) {
+  auto cache = std::make_unique<Cache>(kvc::CacheConfig{1, 1, kKvHeads, kHeadDim, tokens});
+  const int chunk = 4096;
+  for (int t0 = 0; t0 < tokens; t0 += chunk) {
+    const int n = std::min(chunk, tokens - t0);
+    const auto k = make_kv(n, true, 1u + t0), v = make_kv(n, false, 7u + t0);
+    cache->append(0, 0, kvc::KVView::contiguous(k.data(), n, kKvHeads, kHeadDim),
+                  kvc::KVView::contiguous(v.data(), n, kKvHeads, kHeadDim));
+  }
+  return cache;
+}
+
+template <class Cache>
+void BM_DecodeAttention(benchmark::State& state) {
+  const int tokens = static_cast<int>(state.range(0));
+  const auto cache = build_cache<Cache>(tokens);
+  const int heads = kKvHeads * kGqa;
+  std::vector<float> q(std::size_t(heads) * kHeadDim), out(q.size());
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  for (auto& x : q) x = nd(rng);
+  for (auto _ : state) {
+    state.PauseTiming();
+    flush_caches();
+    state.ResumeTiming();
+    kvc::decode_attention(*cache, 0, kvc::QueryView::contiguous(q.data(), 1, heads, kHeadDim),
+                          kvc::OutputView::contiguous(out.data(), 1, heads, kHeadDim));
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["bytes_per_second"] = benchmark::Counter(
+      static_cast<double>(cache->decode_read_bytes(0)) * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["bits_per_element"] = cache->bits_per_element();
+}
+
+template <class Cache>
+void BM_Append(benchmark::State& state) {
+  const int tokens = 4096;
+  const auto k = make_kv(tokens, true, 11), v = make_kv(tokens, false, 12);
+  for (auto _ : state) {
+    Cache cache(kvc::CacheConfig{1, 1, kKvHeads, kHeadDim, tokens});
+    cache.append(0, 0, kvc::KVView::contiguous(k.data(), tokens, kKvHeads, kHeadDim),
+                 kvc::KVView::contiguous(v.data(), tokens, kKvHeads, kHeadDim));
+    benchmark::DoNotOptimize(cache.stored_bytes());
+  }
+  const double in_bytes = 2.0 * tokens * kKvHeads * kHeadDim * sizeof(float);
+  state.counters["bytes_per_second"] = benchmark::Counter(in_bytes * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["tokens_per_second"] = benchmark::Counter(double(tokens) * state.iterations(), benchmark::Counter::kIsRate);
+}
+
+template <class Cache>
+void register_scheme(const char* name) {
+  benchmark::RegisterBenchmark((std::string("BM_DecodeAttention/") + name).c_str(), BM_DecodeAttention<Cache>)
+      ->ArgName("T")
+      ->Arg(4096)
+      ->Arg(32768)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark((std::string("BM_Append/") + name).c_str(), BM_Append<Cache>)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+}
+
+const int registered = [] {
+  register_scheme<kvc::schemes::Fp32>("fp32");
+  register_scheme<kvc::schemes::Fp16>("fp16");
+  register_scheme<kvc::schemes::Int8>("int8");
+  register_scheme<kvc::schemes::Kivi4>("kivi4");
+  register_scheme<kvc::schemes::Kivi2>("kivi2");
+  return 0;
+}();
+}  // namespace
+
+BENCHMARK_MAIN();
