@@ -50,6 +50,18 @@
 #endif
 #define KVC_HAS_OPENMP() KVC_HAS_OPENMP_
 
+// GCC 12 reports its own intrinsics' `__Y = __Y` idiom (_mm*_undefined_*) as (maybe-)uninitialized;
+// kvc's SIMD headers wrap themselves in these.
+#if defined(__GNUC__) && !defined(__clang__)
+#  define KVC_SUPPRESS_INTRINSIC_WARNINGS_BEGIN \
+    _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"") \
+        _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
+#  define KVC_SUPPRESS_INTRINSIC_WARNINGS_END _Pragma("GCC diagnostic pop")
+#else
+#  define KVC_SUPPRESS_INTRINSIC_WARNINGS_BEGIN
+#  define KVC_SUPPRESS_INTRINSIC_WARNINGS_END
+#endif
+
 namespace kvc {
 /// The SIMD path this translation unit was compiled for, for logs and benchmark labels.
 inline constexpr const char* simd_path_name() noexcept {

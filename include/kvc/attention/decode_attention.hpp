@@ -11,7 +11,9 @@
 /// AVX2 and in portable code), like llama.cpp's q8 activations: per block, the folded query is
 /// rounded to int8 (127 levels per head) and the value weights p_t*s_t to uint8 (255 levels per head
 /// and group). This adds at most, per score, (max_c |q'_c| / 254) * sum_c k^_tc, and per output,
-/// (max_t w_t / 510) * sum_t v^_tc * (its scale) -- small next to the codes' own step/2 error.
+/// (max_t w_t / 510) * sum_t v^_tc * (its scale); a centring correction removes the part that
+/// meets the codes' mean. With strong key outlier channels (12x) the int8 query error can reach
+/// ~0.85x the RMS of the 4-bit quantization error itself (tests/test_attention.cpp measures it).
 /// 5..8-bit codes and uncompressed blocks use float FMAs. Parallel over (sequence, KV head, split of
 /// blocks) with OpenMP; splits are merged flash-decoding style. Host only.
 #pragma once
@@ -31,6 +33,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if KVC_HAS_OPENMP()
@@ -40,12 +43,11 @@
 #  include <xmmintrin.h>
 #endif
 
-// GCC 12 reports its own intrinsics' `__Y = __Y` idiom (_mm*_undefined_*) as maybe-uninitialized.
-#if defined(__GNUC__) && !defined(__clang__)
-#  pragma GCC diagnostic push
-#  pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#  pragma GCC diagnostic ignored "-Wuninitialized"
+KVC_SUPPRESS_INTRINSIC_WARNINGS_BEGIN
+#ifndef KVC_PREFETCH_BYTES
+#  define KVC_PREFETCH_BYTES 32768  ///< bytes of K+V blocks the CPU decode attention prefetches ahead
 #endif
+
 namespace kvc {
 
 struct AttentionOptions {
@@ -125,10 +127,11 @@ class DecodeKernel {
     const int n = p_.lengths[seq];
     if (sink)
       for (int t = 0; t < std::min(n, Layout::kSink); t += B) fp_tokens(s, it, seq, kvh, t, std::min({n, Layout::kSink, t + B}));
+    const int ahead = prefetch_blocks();
     for (int b = b0; b < b1; ++b) {
-      if (b + kPrefetchBlocks < b1) {
-        prefetch(p_.key_block(seq, kvh, b + kPrefetchBlocks), KF::block_bytes(d));
-        prefetch(p_.value_block(seq, kvh, b + kPrefetchBlocks), VF::block_bytes(d));
+      if (b + ahead < b1) {
+        prefetch(p_.key_block(seq, kvh, b + ahead), KF::block_bytes(d));
+        prefetch(p_.value_block(seq, kvh, b + ahead), VF::block_bytes(d));
       }
       block(s, it, p_.key_block(seq, kvh, b), p_.value_block(seq, kvh, b));
     }
@@ -217,9 +220,13 @@ class DecodeKernel {
 
   // ---------------------------------------------------------------- helpers
   int ncg_v() const noexcept { return VF::kIdentity ? 1 : d_ / VF::group_channels(d_); }
-  /// Blocks ahead to prefetch: the hardware prefetchers alone leave DRAM bandwidth unused with
-  /// only two streams per core.
-  static constexpr int kPrefetchBlocks = 2;
+  /// Software prefetch distance: the hardware prefetchers alone leave DRAM bandwidth unused with
+  /// two streams (keys, values) per core. Prefetch the block that starts kPrefetchBytes ahead.
+  static constexpr std::size_t kPrefetchBytes = KVC_PREFETCH_BYTES;
+  int prefetch_blocks() const noexcept {
+    const std::size_t per_block = KF::block_bytes(d_) + VF::block_bytes(d_);
+    return static_cast<int>(std::max<std::size_t>(1, kPrefetchBytes / per_block));
+  }
   static void prefetch(const std::byte* p, std::size_t bytes) noexcept {
     for (std::size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
   }
@@ -272,22 +279,37 @@ class DecodeKernel {
     }
   }
 
-  /// Rounds x[0..d) to int8 with one scale (max|x| / 127), returned through `scale`. Returns
-  /// sum_c (x_c - scale*q_c): callers add mid * that sum (mid = the codes' centre) to the bias, so
-  /// the rounding error only meets the centred codes.
+  /// Rounds x[0..n) (|x| <= mx) to bytes, int8 in [-levels, levels] or uint8 in [0, levels], with
+  /// scale = mx / levels (0 when mx == 0), stored through `scale`. Returns the lane-wise residual
+  /// sum_i (x_i - scale*q_i): callers add mid * its sum (mid = the codes' centre) to their constant
+  /// term, so the rounding error only meets the centred codes.
+  template <class Byte>
+  F round_to_bytes(const float* x, int n, float mx, float levels, Byte* out, float& scale) const {
+    return round_to_bytes(n, mx, levels, out, scale, [x](int i) { return F::load(x + i); });
+  }
+  /// The same over values produced by `at(i)` (one vector of N at element i).
+  template <class Byte, class At>
+  F round_to_bytes(int n, float mx, float levels, Byte* out, float& scale, At&& at) const {
+    // mx below levels/FLT_MAX (e.g. a block whose probabilities all sit near 2^-126) would make
+    // levels/mx overflow to Inf and the codes NaN: such weights are treated as zero.
+    const bool representable = mx >= levels / std::numeric_limits<float>::max();
+    scale = representable ? mx / levels : 0.0f;
+    const F inv = F::set1(representable ? levels / mx : 0.0f), sc = F::set1(scale);
+    F err = F::zero();
+    for (int i = 0; i < n; i += N) {
+      const F xv = at(i), qv = round_nearest(xv * inv);
+      if constexpr (std::is_signed_v<Byte>) qv.store_i8(out + i);
+      else qv.store_u8(out + i);
+      err = fma(qv, F::set1(-1.0f) * sc, err + xv);
+    }
+    return err;
+  }
+
+  /// int8 query row with one scale (max|x| / 127); returns the residual sum (see round_to_bytes).
   float quantize_row_i8(const float* x, std::int8_t* out, float& scale) const {
     F mx = F::zero();
     for (int c = 0; c < d_; c += N) mx = max(mx, abs(F::load(x + c)));
-    const float m = reduce_max(mx);
-    scale = m > 0.0f ? m / 127.0f : 1.0f;
-    const F inv = F::set1(m > 0.0f ? 127.0f / m : 0.0f), sc = F::set1(scale);
-    F err = F::zero();
-    for (int c = 0; c < d_; c += N) {
-      const F xv = F::load(x + c), qv = round_nearest(xv * inv);
-      qv.store_i8(out + c);
-      err = err + (xv - qv * sc);
-    }
-    return reduce_add(err);
+    return reduce_add(round_to_bytes(x, d_, reduce_max(mx), 127.0f, out, scale));
   }
 
   /// Online softmax over scores sc[h][0..n): sc becomes probabilities, m/l/acc are rescaled.
@@ -396,19 +418,9 @@ class DecodeKernel {
             bias = fma(qv, zc, bias);
             mx = max(mx, abs(fv));
           }
-          if constexpr (KF::kIntDot) {
-            // int8 query (see quantize_row_i8), with the centring correction folded into the same sum.
-            const float m = reduce_max(mx);
-            const float scale = m > 0.0f ? m / 127.0f : 1.0f;
-            s.qscale[h] = scale;
-            const F inv = F::set1(m > 0.0f ? 127.0f / m : 0.0f), sv = F::set1(scale), mid = F::set1(kCodeMid<KF>);
-            std::int8_t* q8 = s.q8 + std::size_t(h) * d;
-            for (int c = 0; c < d; c += N) {
-              const F fv = F::load(f + c), qv = round_nearest(fv * inv);
-              qv.store_i8(q8 + c);
-              bias = fma(fv - qv * sv, mid, bias);
-            }
-          }
+          if constexpr (KF::kIntDot)
+            bias = fma(round_to_bytes(f, d, reduce_max(mx), 127.0f, s.q8 + std::size_t(h) * d, s.qscale[h]),
+                       F::set1(kCodeMid<KF>), bias);
           s.bias[h] = reduce_add(bias);
         }
         if constexpr (KF::kIntDot) int_key_dot(s, 0, d, nullptr, nullptr, true);
@@ -573,25 +585,15 @@ class DecodeKernel {
             const float* zr = s.vzero + std::size_t(cg) * B;
             float* zacc = s.zacc + (std::size_t(h) * ncg + cg) * N;
             F zv = F::load(zacc);
+            for (int t = 0; t < B; t += N) zv = fma(F::load(pr + t), F::load(zr + t), zv);
             if constexpr (VF::kIntDot) {
-              const float bound = s.pmax[h] * s.smax[cg];
-              const float scale = bound > 0.0f ? bound / 255.0f : 0.0f;
-              s.wscale[h * ncg + cg] = scale;
-              const F inv = F::set1(bound > 0.0f ? 255.0f / bound : 0.0f), sc = F::set1(scale),
-                      mid = F::set1(kCodeMid<VF>);
-              std::uint8_t* w8 = s.w8 + (std::size_t(h) * ncg + cg) * B;
-              for (int t = 0; t < B; t += N) {
-                const F pv = F::load(pr + t), wv = pv * F::load(sr + t), qv = round_nearest(wv * inv);
-                qv.store_u8(w8 + t);
-                zv = fma(pv, F::load(zr + t), fma(wv - qv * sc, mid, zv));
-              }
+              zv = fma(round_to_bytes(B, s.pmax[h] * s.smax[cg], 255.0f, s.w8 + (std::size_t(h) * ncg + cg) * B,
+                                      s.wscale[h * ncg + cg],
+                                      [&](int t) { return F::load(pr + t) * F::load(sr + t); }),
+                       F::set1(kCodeMid<VF>), zv);
             } else {
               float* w = s.wf + (std::size_t(h) * ncg + cg) * B;
-              for (int t = 0; t < B; t += N) {
-                const F pv = F::load(pr + t);
-                (pv * F::load(sr + t)).store(w + t);
-                zv = fma(pv, F::load(zr + t), zv);
-              }
+              for (int t = 0; t < B; t += N) (F::load(pr + t) * F::load(sr + t)).store(w + t);
             }
             zv.store(zacc);
           }
@@ -605,7 +607,7 @@ class DecodeKernel {
           s.psum[h] = reduce_add(ps);
           // The centring correction needs the per-channel scale, applied below as psum_err * mid * s_c.
           if constexpr (VF::kIntDot)
-            s.perr[h] = kCodeMid<VF> * quantize_weights(pr, s.w8 + std::size_t(h) * B, s.wscale[h], reduce_max(mx));
+            s.perr[h] = kCodeMid<VF> * reduce_add(round_to_bytes(pr, B, reduce_max(mx), 255.0f, s.w8 + std::size_t(h) * B, s.wscale[h]));
         }
       }
 #if KVC_HAS_AVX512()
@@ -702,20 +704,6 @@ class DecodeKernel {
         }
       });
     }
-  }
-
-  /// Rounds B weights in [0, mx] to uint8 with scale mx/255. Returns sum_t (w_t - scale*w8_t) (see
-  /// quantize_row_i8).
-  float quantize_weights(const float* w, std::uint8_t* out, float& scale, float mx) const {
-    scale = mx > 0.0f ? mx / 255.0f : 0.0f;
-    const F inv = F::set1(mx > 0.0f ? 255.0f / mx : 0.0f), sc = F::set1(scale);
-    F err = F::zero();
-    for (int t = 0; t < B; t += N) {
-      const F wv = F::load(w + t), qv = round_nearest(wv * inv);
-      qv.store_u8(out + t);
-      err = err + (wv - qv * sc);
-    }
-    return reduce_add(err);
   }
 
   /// Uncompressed value block [t][c] of T. CT channel vectors per pass keep NH*CT independent FMA
@@ -863,6 +851,4 @@ void decode_attention(const Cache& cache, int layer, QueryView q, OutputView out
   decode_attention<typename Cache::layout>(cache.params(layer), q, out, opt);
 }
 }  // namespace kvc
-#if defined(__GNUC__) && !defined(__clang__)
-#  pragma GCC diagnostic pop
-#endif
+KVC_SUPPRESS_INTRINSIC_WARNINGS_END

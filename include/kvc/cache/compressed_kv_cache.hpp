@@ -49,9 +49,20 @@ struct resolve_policies {
     if constexpr (Q::kIsIdentity) return static_cast<int>(sizeof(typename Q::storage));
     else return 2;
   }
-  // Default selector: no window, in the widest identity storage (an fp32 cache keeps its tail in fp32).
+  template <class Q>
+  using storage_of = std::conditional_t<Q::kIsIdentity, typename identity_storage<Q>::type, half_t>;
+  // Default selector: no window, stored like the identity side(s): an fp32 cache keeps its tail in
+  // fp32, a bf16 cache in bf16; mixed 16-bit storages fall back to fp32, quantized sides to fp16.
   using default_window_storage =
-      std::conditional_t<(identity_width<key_q>() > 2 || identity_width<value_q>() > 2), float, half_t>;
+      std::conditional_t<(identity_width<key_q>() > 2 || identity_width<value_q>() > 2 ||
+                          !std::is_same_v<storage_of<key_q>, storage_of<value_q>>),
+                         float, storage_of<key_q>>;
+  /// Whether the window storage holds every value of an identity side exactly.
+  template <class Q, class W>
+  static constexpr bool window_holds() {
+    if constexpr (!Q::kIsIdentity) return true;
+    else return std::is_same_v<W, float> || std::is_same_v<W, typename Q::storage>;
+  }
   using selector = typename find_policy<kind::selector, FullPrecisionWindow<0, 0, default_window_storage>, P...>::type;
 
   static constexpr int kRequired = key_q::kRequiredBlockTokens != 0 ? key_q::kRequiredBlockTokens
@@ -95,10 +106,10 @@ class CompressedKVCache {
                 "kvc: the key quantizer's per-channel group size must equal the block size (BlockTokens<Group>)");
   static_assert(value_quantizer::kRequiredBlockTokens == 0 || value_quantizer::kRequiredBlockTokens == kBlockTokens,
                 "kvc: the value quantizer's per-channel group size must equal the block size (BlockTokens<Group>)");
-  static_assert(R::template identity_width<key_quantizer>() <= static_cast<int>(sizeof(window_t)) &&
-                    R::template identity_width<value_quantizer>() <= static_cast<int>(sizeof(window_t)),
-                "kvc: the full-precision window's storage is narrower than the identity quantizer's; "
-                "use FullPrecisionWindow<R, S, float> for an fp32 cache");
+  static_assert(R::template window_holds<key_quantizer, window_t>() &&
+                    R::template window_holds<value_quantizer, window_t>(),
+                "kvc: the full-precision window's storage cannot hold the identity quantizer's values exactly; "
+                "use FullPrecisionWindow<R, S, T> with the same T (or float)");
 
   explicit CompressedKVCache(const CacheConfig& cfg) : cfg_(cfg) {
     KVC_CHECK(cfg.layers > 0 && cfg.batch > 0 && cfg.kv_heads > 0 && cfg.head_dim > 0 && cfg.capacity > 0,

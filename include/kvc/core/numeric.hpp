@@ -141,6 +141,7 @@ KVC_HOST_DEVICE half_t half_round_up_nonneg(float f) noexcept {
 }
 
 #if !defined(__CUDA_ARCH__)
+KVC_SUPPRESS_INTRINSIC_WARNINGS_BEGIN
 /// Host batch conversion fp16 -> fp32 (vcvtph2ps when compiled with F16C / AVX-512).
 inline void convert(const half_t* src, float* dst, std::size_t n) noexcept {
   std::size_t i = 0;
@@ -167,13 +168,16 @@ inline void convert(const float* src, half_t* dst, std::size_t n) noexcept {
 #  endif
   for (; i < n; ++i) dst[i] = half_t::from_float(src[i]);
 }
-inline void convert(const float* src, float* dst, std::size_t n) noexcept { std::memcpy(dst, src, n * sizeof(float)); }
+inline void convert(const float* src, float* dst, std::size_t n) noexcept {
+  if (n != 0) std::memcpy(dst, src, n * sizeof(float));  // memcpy(nullptr, nullptr, 0) is UB
+}
 inline void convert(const bfloat16_t* src, float* dst, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; ++i) dst[i] = src[i].to_float();
 }
 inline void convert(const float* src, bfloat16_t* dst, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; ++i) dst[i] = bfloat16_t::from_float(src[i]);
 }
+KVC_SUPPRESS_INTRINSIC_WARNINGS_END
 #endif
 
 }  // namespace kvc

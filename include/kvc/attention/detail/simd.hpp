@@ -23,12 +23,7 @@
 #  include <immintrin.h>
 #endif
 
-// GCC 12 reports its own intrinsics' `__Y = __Y` idiom (_mm*_undefined_*) as maybe-uninitialized.
-#if defined(__GNUC__) && !defined(__clang__)
-#  pragma GCC diagnostic push
-#  pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#  pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+KVC_SUPPRESS_INTRINSIC_WARNINGS_BEGIN
 namespace kvc::detail::simd {
 
 // 2^x for x in [-126, 126] (inputs below are clamped, so 2^-inf ~ 2^-126 * 0 terms vanish):
@@ -248,7 +243,5 @@ inline void unpack_codes(const std::uint8_t* __restrict packed, std::size_t n, s
   }(std::make_integer_sequence<int, kPlanes>{});
 }
 }  // namespace kvc::detail::simd
-#if defined(__GNUC__) && !defined(__clang__)
-#  pragma GCC diagnostic pop
-#endif
+KVC_SUPPRESS_INTRINSIC_WARNINGS_END
 
