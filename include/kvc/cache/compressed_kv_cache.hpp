@@ -125,14 +125,10 @@ class CompressedKVCache {
     const std::size_t d = std::size_t(cfg.head_dim);
     k_blocks_ = AlignedBuffer<std::byte>(streams * cap_blocks_ * key_format::block_bytes(cfg.head_dim));
     v_blocks_ = AlignedBuffer<std::byte>(streams * cap_blocks_ * value_format::block_bytes(cfg.head_dim));
-    const std::size_t sink = std::size_t(std::min(S, cfg.capacity));
-    const std::size_t ring = std::size_t(std::min(layout::kRingTokens, cfg.capacity));
     k_sink_ = AlignedBuffer<window_t>(streams * S * d);
     v_sink_ = AlignedBuffer<window_t>(streams * S * d);
     k_ring_ = AlignedBuffer<window_t>(streams * layout::kRingTokens * d);
     v_ring_ = AlignedBuffer<window_t>(streams * layout::kRingTokens * d);
-    (void)sink;
-    (void)ring;
     lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
   }
 
