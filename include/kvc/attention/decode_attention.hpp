@@ -251,8 +251,7 @@ class DecodeKernel {
     const int G = Fmt::groups(d_);
     const half_t* lo = Fmt::lo_plane(blk, d_);
     const half_t* st = Fmt::step_plane(blk, d_);
-    // Affine form of the codec, evaluated once to get its zero offset (0 for endpoint, 0.5 for midpoint).
-    const float off = Codec::affine(QuantMeta{half_t{0}, half_t::from_float(1.0f)}).zero;
+    constexpr float off = Codec::kZeroOffset;  // zero = lo + off * step (0 endpoint, 0.5 midpoint)
     int i = 0;
     for (; i + N <= G; i += N) {
       const F sv = F::load(st + i);

@@ -35,6 +35,8 @@ struct Affine {
 /// Q-A: endpoint asymmetric uniform quantizer (round to nearest, ties to even).
 struct EndpointCodec {
   static constexpr const char* kName = "endpoint";
+  /// x^ = lo + (code + kZeroOffset) * step.
+  static constexpr float kZeroOffset = 0.0f;
   KVC_HOST_DEVICE static QuantMeta make_meta(float lo, float hi, int bits) noexcept {
     const half_t lo16 = half_round_down(lo);
     const float range = hi - lo16.to_float();
@@ -45,7 +47,10 @@ struct EndpointCodec {
     const float top = static_cast<float>((1 << bits) - 1);
     return static_cast<std::uint8_t>(q < 0.0f ? 0.0f : (q > top ? top : q));
   }
-  KVC_HOST_DEVICE static Affine affine(QuantMeta m) noexcept { return {m.lo.to_float(), m.step.to_float()}; }
+  KVC_HOST_DEVICE static Affine affine(QuantMeta m) noexcept {
+    const float w = m.step.to_float();
+    return {m.lo.to_float() + kZeroOffset * w, w};
+  }
   /// Largest |x - x^| for an x inside the group's range.
   KVC_HOST_DEVICE static float max_error(QuantMeta m) noexcept { return 0.5f * m.step.to_float(); }
 };
@@ -53,6 +58,7 @@ struct EndpointCodec {
 /// Q-B: midpoint (bin-centre) quantizer of QAQ.
 struct MidpointCodec {
   static constexpr const char* kName = "midpoint";
+  static constexpr float kZeroOffset = 0.5f;
   KVC_HOST_DEVICE static QuantMeta make_meta(float lo, float hi, int bits) noexcept {
     const half_t lo16 = half_round_down(lo);
     const float range = hi - lo16.to_float();
@@ -66,7 +72,7 @@ struct MidpointCodec {
   /// Zero-range groups (step 0) reconstruct lo exactly: zero = lo + 0.5*0.
   KVC_HOST_DEVICE static Affine affine(QuantMeta m) noexcept {
     const float w = m.step.to_float();
-    return {m.lo.to_float() + 0.5f * w, w};
+    return {m.lo.to_float() + kZeroOffset * w, w};
   }
   KVC_HOST_DEVICE static float max_error(QuantMeta m) noexcept { return 0.5f * m.step.to_float(); }
 };
@@ -76,6 +82,7 @@ concept Codec = requires(float x, QuantMeta m, int b) {
   { C::make_meta(x, x, b) } -> std::same_as<QuantMeta>;
   { C::encode(x, m, x, b) } -> std::same_as<std::uint8_t>;
   { C::affine(m) } -> std::same_as<Affine>;
+  { C::kZeroOffset } -> std::convertible_to<float>;
 };
 
 /// Quantizes one group of rows x cols values given by an accessor `at(r, c)`: writes codes through

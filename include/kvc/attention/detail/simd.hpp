@@ -200,6 +200,9 @@ inline float exp2_scalar(float x) noexcept { return exp2(VecF::set1(x)).first();
 /// Unpacks n plane-packed codes (see core/bit_packing.hpp) into one byte each.
 template <int Bits>
 inline void unpack_codes(const std::uint8_t* __restrict packed, std::size_t n, std::uint8_t* __restrict out) noexcept {
+#if !KVC_HAS_AVX512() && !KVC_HAS_AVX2()
+  kvc::unpack_codes(packed, n, Bits, out);  // portable: the reference routine
+#else
   std::size_t base = 0;
   constexpr int kPlanes = plane_count(Bits);
   [&]<int... P>(std::integer_sequence<int, P...>) {
@@ -219,7 +222,7 @@ inline void unpack_codes(const std::uint8_t* __restrict packed, std::size_t n, s
                 y = _mm512_or_si512(_mm512_loadu_si512(dst + i * 64), _mm512_slli_epi16(y, off));
               _mm512_storeu_si512(dst + i * 64, y);
             }
-#elif KVC_HAS_AVX2()
+#else
             for (int half = 0; half < 2; ++half) {
               const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32 * half));
               for (int i = 0; i < per; ++i) {
@@ -229,18 +232,13 @@ inline void unpack_codes(const std::uint8_t* __restrict packed, std::size_t n, s
                 _mm256_storeu_si256(d, y);
               }
             }
-#else
-            for (int i = 0; i < per; ++i)
-              for (int j = 0; j < 64; ++j) {
-                const auto y = static_cast<std::uint8_t>(((src[j] >> (i * w)) & mask) << off);
-                dst[i * 64 + j] = off ? static_cast<std::uint8_t>(dst[i * 64 + j] | y) : y;
-              }
 #endif
           }
           base += n * w / 8;
         }(),
         ...);
   }(std::make_integer_sequence<int, kPlanes>{});
+#endif
 }
 }  // namespace kvc::detail::simd
 KVC_SUPPRESS_INTRINSIC_WARNINGS_END
