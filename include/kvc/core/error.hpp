@@ -17,6 +17,8 @@ enum class Errc {
   kNonFinite,         ///< NaN or Inf in an input
   kOutOfRange,        ///< a finite value the storage format cannot represent (e.g. |x| > 65504 for fp16)
   kCapacityExceeded,  ///< appending past the cache's token capacity
+  kIo,                ///< a file cannot be opened, read or written
+  kCorruptFile,       ///< a file is truncated, has a bad magic/version or inconsistent sizes
 };
 
 /// Thrown for every bad input. Operations that throw leave the object they were called on unchanged
