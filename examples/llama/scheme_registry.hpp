@@ -1,0 +1,119 @@
+/// \file scheme_registry.hpp
+/// The schemes kvc-eval compares, by name. Adding a kvc cache configuration to the quality harness is
+/// one `entry<...>` line below; the runner is instantiated for the cache type, so the engine calls the
+/// same fused attention a user's engine would for that policy set.
+#pragma once
+
+#include <llama/llama_model.hpp>
+
+#include <kvc/schemes.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace kvc::llama {
+
+/// What one teacher-forced run with a scheme's cache produced.
+struct SchemeRun {
+  RowMatrix hidden;                 ///< final normalised hidden states [T][d_model]
+  double bits_per_element = 0.0;    ///< of the whole cache after the run (everything counted)
+  std::size_t stored_bytes = 0;     ///< of the whole cache after the run
+  std::vector<double> layer_err2;   ///< per layer: sum over positions of |attn - exact attn|^2
+  std::vector<double> layer_ref2;   ///< per layer: sum over positions of |exact attn|^2
+};
+
+/// Hooks of a run: `observe` sees each layer's trace (e.g. to dump K/V), `progress` each finished layer.
+struct RunHooks {
+  std::function<void(const LayerTrace&)> observe;
+  std::function<void(int)> progress;
+  bool measure_layer_error = true;  ///< also attend over an fp32 cache of the same K/V, per layer
+};
+
+struct SchemeEntry {
+  std::string name, description;
+  std::function<SchemeRun(const LlamaModel&, const std::vector<std::int32_t>&, const RunHooks&)> run;
+};
+
+namespace detail {
+template <class Cache>
+SchemeRun run_with(const LlamaModel& model, const std::vector<std::int32_t>& tokens, const RunHooks& hooks) {
+  const int T = int(tokens.size());
+  const LlamaConfig& c = model.config();
+  Cache cache(model.cache_config(T));
+  SchemeRun r;
+  r.layer_err2.assign(std::size_t(c.layers), 0.0);
+  r.layer_ref2.assign(std::size_t(c.layers), 0.0);
+  // Per-layer error of the cache alone: the exact attention over the SAME K/V (this run's own inputs),
+  // so errors from earlier layers do not count twice.
+  auto observe = [&](const LayerTrace& tr) {
+    if (hooks.observe) hooks.observe(tr);
+    if (!hooks.measure_layer_error) return;
+    schemes::Fp32 exact(CacheConfig{1, 1, c.kv_heads, c.head_dim, T});
+    std::vector<float> out(std::size_t(c.heads) * c.head_dim);
+    AttentionOptions opt;
+    opt.num_threads = 1;
+    double e2 = 0.0, r2 = 0.0;
+    for (int t = 0; t < T; ++t) {
+      exact.append(0, 0, KVView::contiguous(tr.k->row(t).data(), 1, c.kv_heads, c.head_dim),
+                   KVView::contiguous(tr.v->row(t).data(), 1, c.kv_heads, c.head_dim));
+      decode_attention(exact, 0, QueryView::contiguous(tr.q->row(t).data(), 1, c.heads, c.head_dim),
+                       OutputView::contiguous(out.data(), 1, c.heads, c.head_dim), opt);
+      const float* a = tr.attn->row(t).data();
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        e2 += double(a[i] - out[i]) * double(a[i] - out[i]);
+        r2 += double(out[i]) * double(out[i]);
+      }
+    }
+    r.layer_err2[std::size_t(tr.layer)] = e2;
+    r.layer_ref2[std::size_t(tr.layer)] = r2;
+  };
+  r.hidden = model.forward(tokens, cache, observe, hooks.progress);
+  r.bits_per_element = cache.bits_per_element();
+  r.stored_bytes = cache.stored_bytes();
+  return r;
+}
+
+template <class Cache>
+SchemeEntry entry(std::string name, std::string description) {
+  return SchemeEntry{std::move(name), std::move(description), &run_with<Cache>};
+}
+}  // namespace detail
+
+/// Every scheme kvc-eval knows, in a stable order. The first entry is the exact reference.
+inline const std::vector<SchemeEntry>& scheme_registry() {
+  using namespace kvc::schemes;
+  using detail::entry;
+  static const std::vector<SchemeEntry> registry = {
+      entry<Fp32>("fp32", "uncompressed fp32: the exact reference"),
+      entry<Fp16>("fp16", "uncompressed fp16"),
+      entry<Int8>("int8", "8-bit per-token uniform (endpoint codec)"),
+      entry<CompressedKVCache<keys<GroupQuantizer<8, 32, Axis::kChannel>>, values<GroupQuantizer<8, 32, Axis::kToken>>>>(
+          "int8-kc", "8-bit, keys per channel over 32-token blocks, values per token in 32-channel groups, no window"),
+      entry<Kivi<8>>("kivi8", "KIVI 8-bit, group 32, 128-token fp16 window"),
+      entry<Kivi4>("kivi4", "KIVI 4-bit: per-channel keys, per-token values, group 32, 128-token fp16 window"),
+      entry<CompressedKVCache<keys<GroupQuantizer<4, 32, Axis::kChannel>>, values<GroupQuantizer<4, 32, Axis::kToken>>,
+                              FullPrecisionWindow<128, 4>>>("kivi4-sink4",
+                                                            "KIVI 4-bit with a 4-token attention sink kept in fp16"),
+      entry<Kivi<3>>("kivi3", "KIVI 3-bit, group 32, 128-token fp16 window"),
+      entry<Kivi2>("kivi2", "KIVI 2-bit, group 32, 128-token fp16 window"),
+      entry<Kivi<2, 32, 32>>("kivi2-w32", "KIVI 2-bit, group 32, 32-token fp16 window"),
+      entry<CompressedKVCache<keys<GroupQuantizer<2, 32, Axis::kChannel>>, values<GroupQuantizer<2, 32, Axis::kToken>>,
+                              FullPrecisionWindow<128, 4>>>("kivi2-sink4",
+                                                            "KIVI 2-bit with a 4-token attention sink kept in fp16"),
+      entry<Kivi<1>>("kivi1", "KIVI 1-bit, group 32, 128-token fp16 window"),
+  };
+  return registry;
+}
+
+/// The registry entry called `name`; throws kvc::Error listing the known names otherwise.
+inline const SchemeEntry& find_scheme(const std::string& name) {
+  std::string known;
+  for (const SchemeEntry& e : scheme_registry()) {
+    if (e.name == name) return e;
+    known += (known.empty() ? "" : ", ") + e.name;
+  }
+  KVC_CHECK(false, Errc::kInvalidArgument, "unknown scheme '", name, "' (known: ", known, ")");
+  return scheme_registry().front();  // unreachable
+}
+}  // namespace kvc::llama
