@@ -5,6 +5,8 @@
 //   BM_Append/<scheme>                   prefill compression throughput (4096 tokens)
 // Counters: bytes_per_second = cache bytes one decode step reads (codes, scales, zeros, windows);
 // bits_per_element = stored bits per K/V element, everything counted.
+#include "bench_util.hpp"
+
 #include <kvc/kvc.hpp>
 
 #include <benchmark/benchmark.h>
@@ -22,17 +24,7 @@
 namespace {
 
 constexpr int kKvHeads = 8, kGqa = 4, kHeadDim = 128;
-constexpr std::size_t kFlushBytes = std::size_t(1) << 30;  // > every last-level cache we run on
-
-/// Evicts the cache hierarchy by reading a buffer larger than the LLC (untimed). Reading, not
-/// writing, so the caches are left holding clean lines and the timed decode pays no write-backs.
-void flush_caches() {
-  static const std::vector<std::uint64_t> buf(kFlushBytes / sizeof(std::uint64_t), 1);
-  std::uint64_t sum = 0;
-#pragma omp parallel for reduction(+ : sum) schedule(static)
-  for (std::size_t i = 0; i < buf.size(); i += 8) sum += buf[i];
-  benchmark::DoNotOptimize(sum);
-}
+using kvc_bench::kFlushBytes;
 
 KVC_SUPPRESS_INTRINSIC_WARNINGS_BEGIN
 void BM_MemoryRead(benchmark::State& state) {
@@ -105,21 +97,11 @@ void BM_DecodeAttention(benchmark::State& state) {
   const int tokens = static_cast<int>(state.range(0));
   const auto cache = build_cache<Cache>(tokens);
   const int heads = kKvHeads * kGqa;
-  std::vector<float> q(std::size_t(heads) * kHeadDim), out(q.size());
+  std::vector<float> q(std::size_t(heads) * kHeadDim);
   std::mt19937 rng(3);
   std::normal_distribution<float> nd;
   for (auto& x : q) x = nd(rng);
-  for (auto _ : state) {
-    state.PauseTiming();
-    flush_caches();
-    state.ResumeTiming();
-    kvc::decode_attention(*cache, 0, kvc::QueryView::contiguous(q.data(), 1, heads, kHeadDim),
-                          kvc::OutputView::contiguous(out.data(), 1, heads, kHeadDim));
-    benchmark::DoNotOptimize(out.data());
-  }
-  state.counters["bytes_per_second"] = benchmark::Counter(
-      static_cast<double>(cache->decode_read_bytes(0)) * state.iterations(), benchmark::Counter::kIsRate);
-  state.counters["bits_per_element"] = cache->bits_per_element();
+  kvc_bench::time_decode_steps(state, *cache, q, heads, kHeadDim);
 }
 
 template <class Cache>

@@ -9,13 +9,14 @@
 // (kvc::io::default_kv_dump_path()); otherwise this file registers nothing and prints nothing. The
 // dump is read when the first of these benchmarks runs (a corrupt dump makes them report the error).
 // The layer: the middle dumped one, or model layer $KVC_KV_DUMP_LAYER if set.
+#include "bench_util.hpp"
+
 #include <kvc/io/kv_dump.hpp>
 #include <kvc/kvc.hpp>
 
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -24,19 +25,6 @@
 #include <vector>
 
 namespace {
-
-constexpr std::size_t kFlushBytes = std::size_t(1) << 30;  // > every last-level cache we run on
-
-/// Evicts the cache hierarchy by reading a buffer larger than the LLC (untimed), as in
-/// bench_decode_attention.cpp: one decode step of a real model reads each layer's cache once, with
-/// the other layers' data in between.
-void flush_caches_real_kv() {
-  static const std::vector<std::uint64_t> buf(kFlushBytes / sizeof(std::uint64_t), 1);
-  std::uint64_t sum = 0;
-#pragma omp parallel for reduction(+ : sum) schedule(static)
-  for (std::size_t i = 0; i < buf.size(); i += 8) sum += buf[i];
-  benchmark::DoNotOptimize(sum);
-}
 
 /// The dump (loaded once, on first use) and the dumped layer the benchmarks run on.
 struct RealKV {
@@ -79,7 +67,7 @@ void BM_DecodeAttentionRealKV(benchmark::State& state) {
     state.SkipWithError(e.what());
     return;
   }
-  std::vector<float> q(std::size_t(Hq) * d), out(q.size());
+  std::vector<float> q(std::size_t(Hq) * d);
   if (dump.has_queries()) {
     const kvc::QueryView qv = dump.queries(r.index, T - 1);
     std::copy(qv.data, qv.data + q.size(), q.begin());
@@ -88,17 +76,7 @@ void BM_DecodeAttentionRealKV(benchmark::State& state) {
     std::normal_distribution<float> nd;
     for (auto& x : q) x = nd(rng);
   }
-  for (auto _ : state) {
-    state.PauseTiming();
-    flush_caches_real_kv();
-    state.ResumeTiming();
-    kvc::decode_attention(*cache, 0, kvc::QueryView::contiguous(q.data(), 1, Hq, d),
-                          kvc::OutputView::contiguous(out.data(), 1, Hq, d));
-    benchmark::DoNotOptimize(out.data());
-  }
-  state.counters["bytes_per_second"] = benchmark::Counter(
-      static_cast<double>(cache->decode_read_bytes(0)) * state.iterations(), benchmark::Counter::kIsRate);
-  state.counters["bits_per_element"] = cache->bits_per_element();
+  kvc_bench::time_decode_steps(state, *cache, q, Hq, d);
   state.SetLabel(dump.model + " layer " + std::to_string(dump.layers[r.index].layer) + ", T=" + std::to_string(T) +
                  ", " + std::to_string(Hq) + "/" + std::to_string(H) + " heads, d=" + std::to_string(d) +
                  (dump.has_queries() ? "" : ", random query"));
