@@ -27,10 +27,12 @@
 
 #include <kvc/core/error.hpp>
 #include <kvc/core/numeric.hpp>
+#include <kvc/io/cache_dir.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -661,5 +663,12 @@ class GgufFile {
   std::vector<GgufTensorInfo> tensors_;
   std::unordered_map<std::string, std::size_t> tensor_index_;
 };
+
+/// The model the engine, kvc-eval and the tests use by default: $KVC_MODEL if set and non-empty,
+/// else kvc::io::cache_dir()/SmolLM2-135M-Instruct.Q4_1.gguf (where fetch_model.sh puts it).
+inline std::string default_model_path() {
+  if (const char* m = std::getenv("KVC_MODEL"); m != nullptr && *m != '\0') return m;
+  return io::cache_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
 
 }  // namespace kvc::llama

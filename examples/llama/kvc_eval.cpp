@@ -44,18 +44,6 @@ namespace {
 using namespace kvc::llama;
 using Clock = std::chrono::steady_clock;
 
-std::string home_cache(const std::string& file) {
-  const char* dir = std::getenv("KVC_CACHE_DIR");
-  if (dir && *dir) return std::string(dir) + "/" + file;
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : ".") + "/.cache/kvc/" + file;
-}
-
-std::string default_model() {
-  const char* m = std::getenv("KVC_MODEL");
-  return m && *m ? std::string(m) : home_cache("SmolLM2-135M-Instruct.Q4_1.gguf");
-}
-
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
   std::stringstream ss(s);
@@ -65,7 +53,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
 }
 
 struct Options {
-  std::string model = default_model(), text = "/usr/share/common-licenses/GPL-3";
+  std::string model = default_model_path(), text = "/usr/share/common-licenses/GPL-3";
   int tokens = 2048;
   std::vector<std::string> schemes = {"fp16", "int8", "kivi4", "kivi2"};
   std::string json, markdown, dump_logits, dump_kv;
@@ -314,11 +302,10 @@ int run(const Options& o) {
   const GgufFile gguf = GgufFile::open(o.model);
   const LlamaModel model = LlamaModel::load(gguf);
   const BpeTokenizer tok = BpeTokenizer::from_gguf(gguf);
-  std::vector<std::int32_t> tokens = tok.encode(read_text(o.text));
-  KVC_CHECK(int(tokens.size()) >= o.tokens, kvc::Errc::kInvalidArgument, "the text '", o.text, "' has only ",
-            tokens.size(), " tokens; --tokens asks for ", o.tokens);
-  const std::vector<std::int32_t> all_tokens = tokens;
-  tokens.resize(std::size_t(o.tokens));
+  const std::vector<std::int32_t> all_tokens = tok.encode(read_text(o.text));
+  KVC_CHECK(int(all_tokens.size()) >= o.tokens, kvc::Errc::kInvalidArgument, "the text '", o.text, "' has only ",
+            all_tokens.size(), " tokens; --tokens asks for ", o.tokens);
+  const std::vector<std::int32_t> tokens(all_tokens.begin(), all_tokens.begin() + o.tokens);
   const LlamaConfig& c = model.config();
   std::fprintf(stderr,
                "kvc-eval: %s (%d layers, %d/%d heads, head_dim %d, vocab %d), %d of %zu tokens of %s, %s path, "

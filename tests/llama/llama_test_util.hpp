@@ -20,20 +20,15 @@
 
 namespace kvc_test {
 
-/// $KVC_MODEL if set, else $HOME/.cache/kvc/SmolLM2-135M-Instruct.Q4_1.gguf; empty if that file
-/// does not exist (tests then GTEST_SKIP).
+/// kvc::llama::default_model_path(), or empty if that file does not exist (tests then GTEST_SKIP).
 inline std::string model_path() {
-  std::string p;
-  if (const char* env = std::getenv("KVC_MODEL"); env != nullptr && *env != '\0') {
-    p = env;
-  } else if (const char* home = std::getenv("HOME"); home != nullptr) {
-    p = std::string(home) + "/.cache/kvc/SmolLM2-135M-Instruct.Q4_1.gguf";
-  }
+  const std::string p = kvc::llama::default_model_path();
   std::error_code ec;
-  return (!p.empty() && std::filesystem::is_regular_file(p, ec)) ? p : std::string();
+  return std::filesystem::is_regular_file(p, ec) ? p : std::string();
 }
 inline constexpr const char* kNoModel =
-    "real model not found: set KVC_MODEL or put SmolLM2-135M-Instruct.Q4_1.gguf into $HOME/.cache/kvc/";
+    "real model not found: set KVC_MODEL or run examples/llama/fetch_model.sh (KVC_CACHE_DIR, default "
+    "$HOME/.cache/kvc)";
 
 /// Runs `f`, expects a kvc::Error with `code` whose message contains `needle`.
 template <class F>

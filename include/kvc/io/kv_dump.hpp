@@ -49,6 +49,7 @@
 #include <kvc/config.hpp>
 #include <kvc/core/error.hpp>
 #include <kvc/core/view.hpp>
+#include <kvc/io/cache_dir.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -158,12 +159,10 @@ struct KVDump {
 };
 
 /// Where the examples and benchmarks look for a dump by default: $KVC_KV_DUMP if set and non-empty,
-/// else $HOME/.cache/kvc/smollm2_kv_dump.bin (else ./smollm2_kv_dump.bin without $HOME).
+/// else cache_dir()/smollm2_kv_dump.bin.
 inline std::string default_kv_dump_path() {
   if (const char* p = std::getenv("KVC_KV_DUMP"); p != nullptr && *p != '\0') return p;
-  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0')
-    return std::string(h) + "/.cache/kvc/smollm2_kv_dump.bin";
-  return "smollm2_kv_dump.bin";
+  return cache_dir() + "/smollm2_kv_dump.bin";
 }
 
 namespace detail {
