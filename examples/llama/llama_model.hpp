@@ -125,6 +125,7 @@ class LlamaModel {
                 cfg_.vocab);
       x.row(t) = embedding_.row(tokens[std::size_t(t)]);
     }
+    const RopeTable rope_table = make_rope_table(T);  // shared by q and k of every layer
     RowMatrix xn(T, d), q, k, k_pre, v, attn(T, cfg_.heads * hd), gate, up;
     AttentionOptions opt;
     opt.num_threads = 1;  // one query token per call: parallel regions would cost more than they save
@@ -135,8 +136,8 @@ class LlamaModel {
       k_pre.noalias() = xn * L.wk.transpose();
       v.noalias() = xn * L.wv.transpose();
       k = k_pre;
-      rope(q, cfg_.heads);
-      rope(k, cfg_.kv_heads);
+      rope(rope_table, q, cfg_.heads);
+      rope(rope_table, k, cfg_.kv_heads);
       for (int t = 0; t < T; ++t) {
         cache.append(l, 0, KVView::contiguous(k.row(t).data(), 1, cfg_.kv_heads, hd),
                      KVView::contiguous(v.row(t).data(), 1, cfg_.kv_heads, hd));
@@ -184,15 +185,29 @@ class LlamaModel {
     }
   }
 
+  /// cos/sin of position t and pair i at [t * head_dim/2 + i]; angle t * theta^(-2i/head_dim), in double.
+  struct RopeTable {
+    std::vector<float> cos, sin;
+  };
+  RopeTable make_rope_table(int T) const {
+    const int half = cfg_.head_dim / 2;
+    RopeTable r{std::vector<float>(std::size_t(T) * half), std::vector<float>(std::size_t(T) * half)};
+    for (int i = 0; i < half; ++i) {
+      const double inv_freq = std::pow(double(cfg_.rope_theta), -2.0 * i / cfg_.head_dim);
+      for (int t = 0; t < T; ++t) {
+        r.cos[std::size_t(t) * half + i] = float(std::cos(double(t) * inv_freq));
+        r.sin[std::size_t(t) * half + i] = float(std::sin(double(t) * inv_freq));
+      }
+    }
+    return r;
+  }
+
   /// RoPE on adjacent pairs of every head of each row (row t is position t).
-  void rope(RowMatrix& m, int heads) const {
-    const int hd = cfg_.head_dim;
-    std::vector<double> inv_freq(std::size_t(hd / 2));
-    for (int i = 0; i < hd / 2; ++i) inv_freq[std::size_t(i)] = std::pow(double(cfg_.rope_theta), -2.0 * i / hd);
+  static void rope(const RopeTable& table, RowMatrix& m, int heads) {
+    const int hd = int(m.cols()) / heads, half = hd / 2;
     for (Eigen::Index t = 0; t < m.rows(); ++t)
-      for (int i = 0; i < hd / 2; ++i) {
-        const double a = double(t) * inv_freq[std::size_t(i)];
-        const float c = float(std::cos(a)), s = float(std::sin(a));
+      for (int i = 0; i < half; ++i) {
+        const float c = table.cos[std::size_t(t) * half + i], s = table.sin[std::size_t(t) * half + i];
         for (int h = 0; h < heads; ++h) {
           float* p = m.row(t).data() + h * hd + 2 * i;
           const float x0 = p[0], x1 = p[1];
