@@ -44,6 +44,9 @@
 #endif
 
 KVC_SUPPRESS_INTRINSIC_WARNINGS_BEGIN
+#ifndef KVC_PREFETCH_LOCALITY
+#  define KVC_PREFETCH_LOCALITY 1  ///< __builtin_prefetch locality of those prefetches (1: into L2, not L1)
+#endif
 #ifndef KVC_PREFETCH_BYTES
 #  define KVC_PREFETCH_BYTES 32768  ///< bytes of K+V blocks the CPU decode attention prefetches ahead
 #endif
@@ -129,11 +132,11 @@ class DecodeKernel {
       for (int t = 0; t < std::min(n, Layout::kSink); t += B) fp_tokens(s, it, seq, kvh, t, std::min({n, Layout::kSink, t + B}));
     const int ahead = prefetch_blocks();
     for (int b = b0; b < b1; ++b) {
-      if (b + ahead < b1) {
-        prefetch(p_.key_block(seq, kvh, b + ahead), KF::block_bytes(d));
-        prefetch(p_.value_block(seq, kvh, b + ahead), VF::block_bytes(d));
-      }
+      if (kPrefetchBytes > 0 && b + ahead < b1)
+        s.pf.start(p_.key_block(seq, kvh, b + ahead), KF::block_bytes(d), p_.value_block(seq, kvh, b + ahead),
+                   VF::block_bytes(d));
       block(s, it, p_.key_block(seq, kvh, b), p_.value_block(seq, kvh, b));
+      s.pf.finish();
     }
     if (tail) {
       const int first = Layout::kSink + p_.quantized_blocks(seq) * B;
@@ -155,7 +158,31 @@ class DecodeKernel {
   }
 
  private:
+  /// Software prefetch of one K+V block, spread over the compute loops one line per step() so
+  /// the requests never fill the core's miss buffers at once (a burst stalls the pipeline until
+  /// most lines have arrived, which serialises memory and compute).
+  struct Prefetcher {
+    const std::byte* p = nullptr;  // next line of the first range
+    const std::byte* e = nullptr;
+    const std::byte* p2 = nullptr;  // the second range
+    const std::byte* e2 = nullptr;
+    void start(const std::byte* a, std::size_t na, const std::byte* b, std::size_t nb) noexcept {
+      p = a, e = a + na, p2 = b, e2 = b + nb;
+    }
+    void step() noexcept {
+      if (p < e) {
+        __builtin_prefetch(p, 0, KVC_PREFETCH_LOCALITY);
+        p += 64;
+        if (p >= e) p = p2, e = e2, p2 = e2 = nullptr;
+      }
+    }
+    void finish() noexcept {
+      while (p < e) step();
+    }
+  };
+
   struct Scratch {
+    Prefetcher pf;
     float* qf;      // [g][d]
     float* fold;    // [g][d]
     float* sc;      // [g][B]
@@ -457,6 +484,7 @@ class DecodeKernel {
         for (int h = 0; h < NH; ++h)
           for (int jj = 0; jj < JT; ++jj) a[h][jj] = F::zero();
         for (int c = c0; c < c1; ++c) {
+          s.pf.step();
           F kv[JT];
           for (int jj = 0; jj < JT; ++jj) kv[jj] = F::load(tile + std::size_t(c) * B + j + jj * N);
           for (int h = 0; h < NH; ++h) {
@@ -497,6 +525,7 @@ class DecodeKernel {
         const int m0 = (c0 / 4) * CQ / kPer, m1 = (c1 / 4) * CQ / kPer;
         for (int m = m0; m < m1; ++m) {
           const __m512i x = _mm512_loadu_si512(s.kpacked + std::size_t(m) * 64);
+          s.pf.step();
 #  pragma GCC unroll 4
           for (int i = 0; i < kPer; ++i) {
             const __m512i code = _mm512_and_si512(_mm512_srli_epi16(x, i * w), mask);
@@ -625,6 +654,7 @@ class DecodeKernel {
                 for (int i = 0; i < kVPer; ++i) a[h][i] = _mm512_setzero_si512();
               for (int tq = 0; tq < B / 4; ++tq) {
                 const __m512i x = _mm512_loadu_si512(packed + (std::size_t(tq) * CV + cv0) / kVPer * 64);
+                s.pf.step();
 #  pragma GCC unroll 4
                 for (int i = 0; i < kVPer; ++i) {
                   const __m512i code = _mm512_and_si512(_mm512_srli_epi16(x, i * w), mask);
@@ -716,6 +746,8 @@ class DecodeKernel {
         for (int h = 0; h < NH; ++h)
           for (int k = 0; k < CT; ++k) a[h][k] = F::load(it.acc + std::size_t(h0 + h) * d + c + k * N);
         for (int t = 0; t < B; ++t) {
+          s.pf.step();
+          s.pf.step();
           F v[CT];
           for (int k = 0; k < CT; ++k) v[k] = F::load(tile + std::size_t(t) * d + c + k * N);
           for (int h = 0; h < NH; ++h) {
