@@ -135,8 +135,12 @@ class DecodeKernel {
       if (kPrefetchBytes > 0 && b + ahead < b1)
         s.pf.start(p_.key_block(seq, kvh, b + ahead), KF::block_bytes(d), p_.value_block(seq, kvh, b + ahead),
                    VF::block_bytes(d));
+      if (kPrefetchBytes > 0 && b + 1 < b1)
+        s.near.start(p_.key_block(seq, kvh, b + 1), KF::block_bytes(d), p_.value_block(seq, kvh, b + 1),
+                     VF::block_bytes(d));
       block(s, it, p_.key_block(seq, kvh, b), p_.value_block(seq, kvh, b));
       s.pf.finish();
+      s.near.finish();
     }
     if (tail) {
       const int first = Layout::kSink + p_.quantized_blocks(seq) * B;
@@ -160,7 +164,10 @@ class DecodeKernel {
  private:
   /// Software prefetch of one K+V block, spread over the compute loops one line per step() so
   /// the requests never fill the core's miss buffers at once (a burst stalls the pipeline until
-  /// most lines have arrived, which serialises memory and compute).
+  /// most lines have arrived, which serialises memory and compute). Two run per block: the block
+  /// kPrefetchBytes ahead into L2 (DRAM latency) and the next block into L1 (so the metadata
+  /// loads that start each block's dependent chain hit L1).
+  template <int Locality>
   struct Prefetcher {
     const std::byte* p = nullptr;  // next line of the first range
     const std::byte* e = nullptr;
@@ -171,7 +178,7 @@ class DecodeKernel {
     }
     void step() noexcept {
       if (p < e) {
-        __builtin_prefetch(p, 0, KVC_PREFETCH_LOCALITY);
+        __builtin_prefetch(p, 0, Locality);
         p += 64;
         if (p >= e) p = p2, e = e2, p2 = e2 = nullptr;
       }
@@ -182,7 +189,12 @@ class DecodeKernel {
   };
 
   struct Scratch {
-    Prefetcher pf;
+    Prefetcher<KVC_PREFETCH_LOCALITY> pf;  // the block kPrefetchBytes ahead, into L2
+    Prefetcher<3> near;                    // the next block, into L1
+    void prefetch_step() noexcept {
+      pf.step();
+      near.step();
+    }
     float* qf;      // [g][d]
     float* fold;    // [g][d]
     float* sc;      // [g][B]
@@ -316,11 +328,7 @@ class DecodeKernel {
   /// The same over values produced by `at(i)` (one vector of N at element i).
   template <class Byte, class At>
   F round_to_bytes(int n, float mx, float levels, Byte* out, float& scale, At&& at) const {
-    // mx below levels/FLT_MAX (e.g. a block whose probabilities all sit near 2^-126) would make
-    // levels/mx overflow to Inf and the codes NaN: such weights are treated as zero.
-    const bool representable = mx >= levels / std::numeric_limits<float>::max();
-    scale = representable ? mx / levels : 0.0f;
-    const F inv = F::set1(representable ? levels / mx : 0.0f), sc = F::set1(scale);
+    const F inv = F::set1(simd::byte_scale(mx, levels, scale)), sc = F::set1(scale);
     F err = F::zero();
     for (int i = 0; i < n; i += N) {
       const F xv = at(i), qv = round_nearest(xv * inv);
@@ -432,6 +440,13 @@ class DecodeKernel {
       if constexpr (!KF::kPerTokenScale) {
         // Scales and zeros constant over the block's tokens: fold them into the query.
         const int gc = KF::group_channels(d);
+#if KVC_HAS_AVX512()
+        if constexpr (kFused<KF>) {
+          fold_query_i8(s);
+          int_key_dot(s, 0, d, nullptr, nullptr, true);
+          return;
+        }
+#endif
         for (int h = 0; h < g_; ++h) {
           const float* q = s.qf + std::size_t(h) * d;
           float* f = s.fold + std::size_t(h) * d;
@@ -484,7 +499,7 @@ class DecodeKernel {
         for (int h = 0; h < NH; ++h)
           for (int jj = 0; jj < JT; ++jj) a[h][jj] = F::zero();
         for (int c = c0; c < c1; ++c) {
-          s.pf.step();
+          s.prefetch_step();
           F kv[JT];
           for (int jj = 0; jj < JT; ++jj) kv[jj] = F::load(tile + std::size_t(c) * B + j + jj * N);
           for (int h = 0; h < NH; ++h) {
@@ -508,6 +523,44 @@ class DecodeKernel {
     });
   }
 
+#if KVC_HAS_AVX512()
+  /// The generic fold + round_to_bytes of key_scores for AVX-512 and fused (2/4-bit) keys, with fewer
+  /// vector operations: the max |q_c s_c| by vrangeps, codes packed 64 at a time, and the rounding
+  /// residual sum_c (x_c - scale q_c) taken as sum x - scale * sum q (an integer sum). The same codes
+  /// and scale as the generic path; the bias differs only in float summation order. d % 64 == 0.
+  void fold_query_i8(Scratch& s) const {
+    const int d = d_, gc = KF::group_channels(d);
+    for (int h = 0; h < g_; ++h) {
+      const float* q = s.qf + std::size_t(h) * d;
+      float* f = s.fold + std::size_t(h) * d;
+      __m512 bias = _mm512_setzero_ps(), xs = bias, mx = bias;
+      for (int c = 0; c < d; c += 16) {
+        const __m512 sc = gc == 1 ? _mm512_loadu_ps(s.kscale + c) : _mm512_set1_ps(s.kscale[c / gc]);
+        const __m512 zc = gc == 1 ? _mm512_loadu_ps(s.kzero + c) : _mm512_set1_ps(s.kzero[c / gc]);
+        const __m512 qv = _mm512_loadu_ps(q + c), fv = _mm512_mul_ps(qv, sc);
+        _mm512_storeu_ps(f + c, fv);
+        bias = _mm512_fmadd_ps(qv, zc, bias);
+        xs = _mm512_add_ps(xs, fv);
+        mx = _mm512_range_ps(mx, fv, 0x0B);  // max(|mx|, |fv|)
+      }
+      float scale;
+      const __m512 inv = _mm512_set1_ps(simd::byte_scale(_mm512_reduce_max_ps(mx), 127.0f, scale));
+      __m512i qs = _mm512_setzero_si512();
+      for (int c = 0; c < d; c += 64) {
+        __m512i i[4];
+        for (int k = 0; k < 4; ++k)
+          i[k] = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_loadu_ps(f + c + 16 * k), inv),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        qs = _mm512_add_epi32(qs, _mm512_add_epi32(_mm512_add_epi32(i[0], i[1]), _mm512_add_epi32(i[2], i[3])));
+        simd::store_i8x64(i, s.q8 + std::size_t(h) * d + c);
+      }
+      const __m512 resid = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qs), _mm512_set1_ps(scale), xs);
+      s.qscale[h] = scale;
+      s.bias[h] = _mm512_reduce_add_ps(_mm512_fmadd_ps(resid, _mm512_set1_ps(kCodeMid<KF>), bias));
+    }
+  }
+#endif
+
   /// Integer version over the [c/4][t][c%4] code tile with the int8 query s.q8.
   void int_key_dot(Scratch& s, int c0, int c1, const float* rowscale, const float* rowzero, bool fold, int cg = 0,
                    int ncg = 1) const {
@@ -525,7 +578,7 @@ class DecodeKernel {
         const int m0 = (c0 / 4) * CQ / kPer, m1 = (c1 / 4) * CQ / kPer;
         for (int m = m0; m < m1; ++m) {
           const __m512i x = _mm512_loadu_si512(s.kpacked + std::size_t(m) * 64);
-          s.pf.step();
+          s.prefetch_step();
 #  pragma GCC unroll 4
           for (int i = 0; i < kPer; ++i) {
             const __m512i code = _mm512_and_si512(_mm512_srli_epi16(x, i * w), mask);
@@ -605,6 +658,12 @@ class DecodeKernel {
           s.smax[cg] = reduce_max(mx);
         }
       }
+#if KVC_HAS_AVX512()
+      if constexpr (kFused<VF> && VF::kPerTokenScale && B % 32 == 0) {
+        if (fused_v) value_weights_u8(s, ncg);
+      }
+      if (!(kFused<VF> && VF::kPerTokenScale && B % 32 == 0 && fused_v))
+#endif
       for (int h = 0; h < g_; ++h) {
         const float* pr = s.sc + std::size_t(h) * B;
         if constexpr (VF::kPerTokenScale) {
@@ -654,7 +713,7 @@ class DecodeKernel {
                 for (int i = 0; i < kVPer; ++i) a[h][i] = _mm512_setzero_si512();
               for (int tq = 0; tq < B / 4; ++tq) {
                 const __m512i x = _mm512_loadu_si512(packed + (std::size_t(tq) * CV + cv0) / kVPer * 64);
-                s.pf.step();
+                s.prefetch_step();
 #  pragma GCC unroll 4
                 for (int i = 0; i < kVPer; ++i) {
                   const __m512i code = _mm512_and_si512(_mm512_srli_epi16(x, i * w), mask);
@@ -735,6 +794,48 @@ class DecodeKernel {
     }
   }
 
+#if KVC_HAS_AVX512()
+  /// The generic per-token value weights of value_accumulate for AVX-512 and fused codes, with fewer
+  /// vector operations: w8[h][cg][t] = round(p_t s_t / wscale) computed as round((p_t / pmax_h) *
+  /// (s_t * 255 / smax_cg)) with wscale = pmax_h smax_cg / 255 (the same bound as the generic path),
+  /// and the centring residual sum_t (p_t s_t - wscale w8) as wscale * (u_t - round(u_t)). B % 32 == 0.
+  void value_weights_u8(Scratch& s, int ncg) const {
+    float* sn = s.wf;  // [ncg][B] s_t * 255 / smax_cg
+    for (int cg = 0; cg < ncg; ++cg) {
+      const float* sr = s.vscale + std::size_t(cg) * B;
+      float unused;
+      const __m512 k = _mm512_set1_ps(simd::byte_scale(s.smax[cg], 255.0f, unused));
+      for (int t = 0; t < B; t += 16) _mm512_storeu_ps(sn + std::size_t(cg) * B + t, _mm512_mul_ps(_mm512_loadu_ps(sr + t), k));
+    }
+    constexpr float mid = kCodeMid<VF>;
+    for (int h = 0; h < g_; ++h) {
+      const float* pr = s.sc + std::size_t(h) * B;
+      // Probabilities lie in [0, pmax_h], pmax_h in (0, 1] (the block's largest, <= 1 after the max shift).
+      const __m512 ip = _mm512_set1_ps(1.0f / s.pmax[h]);
+      for (int cg = 0; cg < ncg; ++cg) {
+        const float* zr = s.vzero + std::size_t(cg) * B;
+        const float* sr = sn + std::size_t(cg) * B;
+        float* zacc = s.zacc + (std::size_t(h) * ncg + cg) * 16;
+        const float wscale = s.pmax[h] * s.smax[cg] * (1.0f / 255.0f);
+        __m512 zv = _mm512_loadu_ps(zacc), res = _mm512_setzero_ps();
+        for (int t = 0; t < B; t += 32) {
+          const __m512 p0 = _mm512_loadu_ps(pr + t), p1 = _mm512_loadu_ps(pr + t + 16);
+          zv = _mm512_fmadd_ps(p0, _mm512_loadu_ps(zr + t), zv);
+          zv = _mm512_fmadd_ps(p1, _mm512_loadu_ps(zr + t + 16), zv);
+          const __m512 u0 = _mm512_mul_ps(_mm512_mul_ps(p0, ip), _mm512_loadu_ps(sr + t));
+          const __m512 u1 = _mm512_mul_ps(_mm512_mul_ps(p1, ip), _mm512_loadu_ps(sr + t + 16));
+          constexpr int kRn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+          const __m512 r0 = _mm512_roundscale_ps(u0, kRn), r1 = _mm512_roundscale_ps(u1, kRn);
+          res = _mm512_add_ps(res, _mm512_add_ps(_mm512_sub_ps(u0, r0), _mm512_sub_ps(u1, r1)));
+          simd::store_u8x32(_mm512_cvttps_epi32(r0), _mm512_cvttps_epi32(r1), s.w8 + (std::size_t(h) * ncg + cg) * B + t);
+        }
+        s.wscale[h * ncg + cg] = wscale;
+        _mm512_storeu_ps(zacc, _mm512_fmadd_ps(res, _mm512_set1_ps(wscale * mid), zv));
+      }
+    }
+  }
+#endif
+
   /// Uncompressed value block [t][c] of T. CT channel vectors per pass keep NH*CT independent FMA
   /// chains in flight (the latency, not the port count, bounds a single chain).
   template <class T>
@@ -746,8 +847,8 @@ class DecodeKernel {
         for (int h = 0; h < NH; ++h)
           for (int k = 0; k < CT; ++k) a[h][k] = F::load(it.acc + std::size_t(h0 + h) * d + c + k * N);
         for (int t = 0; t < B; ++t) {
-          s.pf.step();
-          s.pf.step();
+          s.prefetch_step();
+          s.prefetch_step();
           F v[CT];
           for (int k = 0; k < CT; ++k) v[k] = F::load(tile + std::size_t(t) * d + c + k * N);
           for (int h = 0; h < NH; ++h) {

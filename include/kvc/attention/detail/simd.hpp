@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #if KVC_HAS_AVX512() || KVC_HAS_AVX2()
@@ -192,6 +193,33 @@ struct VecI {
   }
   VecF to_float() const { return {static_cast<float>(v)}; }
 };
+#endif
+
+/// Byte quantization of values with |x| <= mx onto [-levels, levels] (or [0, levels]): sets
+/// scale = mx / levels and returns levels / mx, both 0 when mx is 0 or so small (below
+/// levels / FLT_MAX, e.g. probabilities near 2^-126) that levels / mx would overflow: such values
+/// are treated as zero.
+inline float byte_scale(float mx, float levels, float& scale) noexcept {
+  const bool representable = mx >= levels / std::numeric_limits<float>::max();
+  scale = representable ? mx / levels : 0.0f;
+  return representable ? levels / mx : 0.0f;
+}
+
+#if KVC_HAS_AVX512()
+/// Stores the 64 int32 lanes of v[0..3] (each in [-128, 127]) as 64 consecutive int8, in order.
+inline void store_i8x64(const __m512i v[4], std::int8_t* out) noexcept {
+  // packs work per 128-bit lane: lane L of the result holds dword L of each source, v0..v3.
+  const __m512i b = _mm512_packs_epi16(_mm512_packs_epi32(v[0], v[1]), _mm512_packs_epi32(v[2], v[3]));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_si512(out, _mm512_permutexvar_epi32(order, b));
+}
+/// Stores the 32 int32 lanes of v0, v1 (each in [0, 255]) as 32 consecutive uint8, in order.
+inline void store_u8x32(__m512i v0, __m512i v1, std::uint8_t* out) noexcept {
+  const __m512i w = _mm512_packus_epi32(v0, v1);  // lane L: v0 dwords 4L.., v1 dwords 4L.. as words
+  const __m512i b = _mm512_packus_epi16(w, w);      // lane L: [v0_L, v1_L, v0_L, v1_L] as bytes
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, b)));
+}
 #endif
 
 /// Scalar 2^x through the vector polynomial (cheaper than libm's exp2f in the softmax update).
