@@ -214,6 +214,7 @@ class DecodeKernel {
     std::uint8_t* ktile;  // [B*d]
     const std::uint8_t* kpacked;  // current key block's packed codes
     std::uint8_t* vtile;  // [B*d]
+    float* wrow;          // [B][d] full-precision key rows of the sink / ring, as float
     float* kzero;  // [groups_k]
     float* kscale;
     float* vzero;  // [groups_v]
@@ -249,6 +250,7 @@ class DecodeKernel {
     s.w8 = reinterpret_cast<std::uint8_t*>(take(g * ncg_v * B / 4 + 1));
     s.ktile = reinterpret_cast<std::uint8_t*>(take(std::size_t(B) * d / 4));
     s.vtile = reinterpret_cast<std::uint8_t*>(take(std::size_t(B) * d / 4));
+    s.wrow = take(std::size_t(B) * d);
     const std::size_t gk = std::max(KF::groups(d_), 1), gv = std::max(VF::groups(d_), 1);
     s.kzero = take(gk);
     s.kscale = take(gk);
@@ -391,33 +393,37 @@ class DecodeKernel {
   }
 
   // ---------------------------------------------------------------- full-precision tokens
+  /// Sink and ring tokens (full-precision rows, token-major, not contiguous across the ring's wrap).
+  /// Scores: the rows are widened to float once into s.wrow, then N tokens at a time each head keeps
+  /// one accumulator per token and sums their lanes together (simd::hsum_lanes); values share each
+  /// row load across the heads like identity value blocks.
   void fp_tokens(Scratch& s, Item& it, int seq, int kvh, int first, int last) const {
     const int n = last - first, d = d_;
     if (n <= 0) return;
-    const W* krow[B];
     const W* vrow[B];
     for (int t = 0; t < n; ++t) {
-      krow[t] = p_.fp_row(Side::kKey, seq, kvh, first + t);
+      const W* k = p_.fp_row(Side::kKey, seq, kvh, first + t);
+      for (int c = 0; c < d; c += N) F::load(k + c).store(s.wrow + std::size_t(t) * d + c);
       vrow[t] = p_.fp_row(Side::kValue, seq, kvh, first + t);
     }
-    for (int h = 0; h < g_; ++h) {
-      const float* q = s.qf + std::size_t(h) * d;
-      for (int t = 0; t < n; ++t) {
-        F a = F::zero();
-        for (int c = 0; c < d; c += N) a = fma(F::load(q + c), F::load(krow[t] + c), a);
-        s.sc[std::size_t(h) * B + t] = reduce_add(a);
+    for (int t0 = 0; t0 < n; t0 += N) {
+      const int m = std::min(N, n - t0);
+      const float* rows = s.wrow + std::size_t(t0) * d;
+      for (int h = 0; h < g_; ++h) {
+        const float* q = s.qf + std::size_t(h) * d;
+        F a[N];
+        for (int i = 0; i < N; ++i) a[i] = F::zero();
+        for (int c = 0; c < d; c += N) {
+          const F qv = F::load(q + c);
+          for (int i = 0; i < m; ++i) a[i] = fma(qv, F::load(rows + std::size_t(i) * d + c), a[i]);
+        }
+        alignas(64) float sums[N];
+        simd::hsum_lanes(a, sums);
+        std::memcpy(s.sc + std::size_t(h) * B + t0, sums, sizeof(float) * m);
       }
     }
     softmax_update(s, it, n);
-    for (int h = 0; h < g_; ++h) {
-      float* o = it.acc + std::size_t(h) * d;
-      const float* pr = s.sc + std::size_t(h) * B;
-      for (int c = 0; c < d; c += N) {
-        F a = F::load(o + c);
-        for (int t = 0; t < n; ++t) a = fma(F::set1(pr[t]), F::load(vrow[t] + c), a);
-        a.store(o + c);
-      }
-    }
+    float_value_dot(s, it, n, [&](int t) { return vrow[t]; });
   }
 
   // ---------------------------------------------------------------- one block
@@ -639,7 +645,8 @@ class DecodeKernel {
   void value_accumulate(Scratch& s, Item& it, const std::byte* vb) const {
     const int d = d_;
     if constexpr (VF::kIdentity) {
-      float_value_dot(s, it, reinterpret_cast<const typename VF::element*>(vb));
+      const auto* tile = reinterpret_cast<const typename VF::element*>(vb);
+      float_value_dot(s, it, B, [tile, d](int t) { return tile + std::size_t(t) * d; });
       return;
     } else {
       constexpr int kVPer = kFused<VF> ? 8 / VF::kBits : 1;
@@ -838,19 +845,19 @@ class DecodeKernel {
 
   /// Uncompressed value block [t][c] of T. CT channel vectors per pass keep NH*CT independent FMA
   /// chains in flight (the latency, not the port count, bounds a single chain).
-  template <class T>
-  void float_value_dot(Scratch& s, Item& it, const T* tile) const {
+  template <class Row>
+  void float_value_dot(Scratch& s, Item& it, int n, Row&& row) const {
     const int d = d_;
     for_head_chunks(g_, [&]<int NH>(int h0) {
       auto pass = [&]<int CT>(int c) {
         F a[NH][CT];
         for (int h = 0; h < NH; ++h)
           for (int k = 0; k < CT; ++k) a[h][k] = F::load(it.acc + std::size_t(h0 + h) * d + c + k * N);
-        for (int t = 0; t < B; ++t) {
+        for (int t = 0; t < n; ++t) {
           s.prefetch_step();
           s.prefetch_step();
           F v[CT];
-          for (int k = 0; k < CT; ++k) v[k] = F::load(tile + std::size_t(t) * d + c + k * N);
+          for (int k = 0; k < CT; ++k) v[k] = F::load(row(t) + c + k * N);
           for (int h = 0; h < NH; ++h) {
             const F p = F::set1(s.sc[std::size_t(h0 + h) * B + t]);
             for (int k = 0; k < CT; ++k) a[h][k] = fma(p, v[k], a[h][k]);

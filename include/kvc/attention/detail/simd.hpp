@@ -222,6 +222,26 @@ inline void store_u8x32(__m512i v0, __m512i v1, std::uint8_t* out) noexcept {
 }
 #endif
 
+/// out[i] = the sum of the lanes of v[i], for i < N (one horizontal sum per vector, batched).
+inline void hsum_lanes(const VecF (&v)[VecF::N], float* out) noexcept {
+#if KVC_HAS_AVX512()
+  // Pairs, then quads, within 128-bit lanes; then the four 128-bit lanes of four quads at once.
+  __m512 p[4];
+  for (int k = 0; k < 4; ++k) {
+    const __m512 a = v[4 * k].v, b = v[4 * k + 1].v, c = v[4 * k + 2].v, d = v[4 * k + 3].v;
+    const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));  // a0+a2 b0+b2 a1+a3 b1+b3
+    const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    p[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))));
+  }  // p[k], 128-bit lane L: partial sums of v[4k..4k+3] over that lane's elements
+  const __m512 r01 = _mm512_add_ps(_mm512_shuffle_f32x4(p[0], p[1], 0x44), _mm512_shuffle_f32x4(p[0], p[1], 0xEE));
+  const __m512 r23 = _mm512_add_ps(_mm512_shuffle_f32x4(p[2], p[3], 0x44), _mm512_shuffle_f32x4(p[2], p[3], 0xEE));
+  _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_f32x4(r01, r23, 0x88), _mm512_shuffle_f32x4(r01, r23, 0xDD)));
+#else
+  for (int i = 0; i < VecF::N; ++i) out[i] = reduce_add(v[i]);
+#endif
+}
+
 /// Scalar 2^x through the vector polynomial (cheaper than libm's exp2f in the softmax update).
 inline float exp2_scalar(float x) noexcept { return exp2(VecF::set1(x)).first(); }
 
