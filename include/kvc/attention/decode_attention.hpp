@@ -44,11 +44,11 @@
 #endif
 
 KVC_SUPPRESS_INTRINSIC_WARNINGS_BEGIN
-#ifndef KVC_PREFETCH_LOCALITY
-#  define KVC_PREFETCH_LOCALITY 1  ///< __builtin_prefetch locality of those prefetches (1: into L2, not L1)
-#endif
 #ifndef KVC_PREFETCH_BYTES
-#  define KVC_PREFETCH_BYTES 32768  ///< bytes of K+V blocks the CPU decode attention prefetches ahead
+#  define KVC_PREFETCH_BYTES 32768  ///< bytes of K+V blocks the CPU decode attention prefetches ahead (0: none)
+#endif
+#ifndef KVC_PREFETCH_LOCALITY
+#  define KVC_PREFETCH_LOCALITY 1  ///< __builtin_prefetch locality of that prefetch (1: into L2, not L1)
 #endif
 
 namespace kvc {
