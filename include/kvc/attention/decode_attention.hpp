@@ -446,29 +446,24 @@ class DecodeKernel {
       if constexpr (!KF::kPerTokenScale) {
         // Scales and zeros constant over the block's tokens: fold them into the query.
         const int gc = KF::group_channels(d);
-#if KVC_HAS_AVX512()
-        if constexpr (kFused<KF>) {
-          fold_query_i8(s);
-          int_key_dot(s, 0, d, nullptr, nullptr, true);
-          return;
-        }
-#endif
-        for (int h = 0; h < g_; ++h) {
-          const float* q = s.qf + std::size_t(h) * d;
-          float* f = s.fold + std::size_t(h) * d;
-          F bias = F::zero(), mx = F::zero();
-          for (int c = 0; c < d; c += N) {
-            const F sc = gc == 1 ? F::load(s.kscale + c) : F::set1(s.kscale[c / gc]);
-            const F zc = gc == 1 ? F::load(s.kzero + c) : F::set1(s.kzero[c / gc]);
-            const F qv = F::load(q + c), fv = qv * sc;
-            fv.store(f + c);
-            bias = fma(qv, zc, bias);
-            mx = max(mx, abs(fv));
+        if (!fold_query_fast(s)) {  // the generic fold, unless the AVX-512 one applied
+          for (int h = 0; h < g_; ++h) {
+            const float* q = s.qf + std::size_t(h) * d;
+            float* f = s.fold + std::size_t(h) * d;
+            F bias = F::zero(), mx = F::zero();
+            for (int c = 0; c < d; c += N) {
+              const F sc = gc == 1 ? F::load(s.kscale + c) : F::set1(s.kscale[c / gc]);
+              const F zc = gc == 1 ? F::load(s.kzero + c) : F::set1(s.kzero[c / gc]);
+              const F qv = F::load(q + c), fv = qv * sc;
+              fv.store(f + c);
+              bias = fma(qv, zc, bias);
+              mx = max(mx, abs(fv));
+            }
+            if constexpr (KF::kIntDot)
+              bias = fma(round_to_bytes(f, d, reduce_max(mx), 127.0f, s.q8 + std::size_t(h) * d, s.qscale[h]),
+                         F::set1(kCodeMid<KF>), bias);
+            s.bias[h] = reduce_add(bias);
           }
-          if constexpr (KF::kIntDot)
-            bias = fma(round_to_bytes(f, d, reduce_max(mx), 127.0f, s.q8 + std::size_t(h) * d, s.qscale[h]),
-                       F::set1(kCodeMid<KF>), bias);
-          s.bias[h] = reduce_add(bias);
         }
         if constexpr (KF::kIntDot) int_key_dot(s, 0, d, nullptr, nullptr, true);
         else float_key_dot(s, s.ktile, s.fold, 0, d, nullptr, nullptr, true);
@@ -529,43 +524,52 @@ class DecodeKernel {
     });
   }
 
-#if KVC_HAS_AVX512()
   /// The generic fold + round_to_bytes of key_scores for AVX-512 and fused (2/4-bit) keys, with fewer
   /// vector operations: the max |q_c s_c| by vrangeps, codes packed 64 at a time, and the rounding
   /// residual sum_c (x_c - scale q_c) taken as sum x - scale * sum q (an integer sum). The same codes
   /// and scale as the generic path; the bias differs only in float summation order. d % 64 == 0.
-  void fold_query_i8(Scratch& s) const {
-    const int d = d_, gc = KF::group_channels(d);
-    for (int h = 0; h < g_; ++h) {
-      const float* q = s.qf + std::size_t(h) * d;
-      float* f = s.fold + std::size_t(h) * d;
-      __m512 bias = _mm512_setzero_ps(), xs = bias, mx = bias;
-      for (int c = 0; c < d; c += 16) {
-        const __m512 sc = gc == 1 ? _mm512_loadu_ps(s.kscale + c) : _mm512_set1_ps(s.kscale[c / gc]);
-        const __m512 zc = gc == 1 ? _mm512_loadu_ps(s.kzero + c) : _mm512_set1_ps(s.kzero[c / gc]);
-        const __m512 qv = _mm512_loadu_ps(q + c), fv = _mm512_mul_ps(qv, sc);
-        _mm512_storeu_ps(f + c, fv);
-        bias = _mm512_fmadd_ps(qv, zc, bias);
-        xs = _mm512_add_ps(xs, fv);
-        mx = _mm512_range_ps(mx, fv, 0x0B);  // max(|mx|, |fv|)
+  /// Returns false (doing nothing) where it does not apply: the caller runs the generic fold.
+  bool fold_query_fast(Scratch& s) const {
+#if KVC_HAS_AVX512()
+    if constexpr (!kFused<KF>) {
+      return false;
+    } else {
+      const int d = d_, gc = KF::group_channels(d);
+      for (int h = 0; h < g_; ++h) {
+        const float* q = s.qf + std::size_t(h) * d;
+        float* f = s.fold + std::size_t(h) * d;
+        __m512 bias = _mm512_setzero_ps(), xs = bias, mx = bias;
+        for (int c = 0; c < d; c += 16) {
+          const __m512 sc = gc == 1 ? _mm512_loadu_ps(s.kscale + c) : _mm512_set1_ps(s.kscale[c / gc]);
+          const __m512 zc = gc == 1 ? _mm512_loadu_ps(s.kzero + c) : _mm512_set1_ps(s.kzero[c / gc]);
+          const __m512 qv = _mm512_loadu_ps(q + c), fv = _mm512_mul_ps(qv, sc);
+          _mm512_storeu_ps(f + c, fv);
+          bias = _mm512_fmadd_ps(qv, zc, bias);
+          xs = _mm512_add_ps(xs, fv);
+          mx = _mm512_range_ps(mx, fv, 0x0B);  // max(|mx|, |fv|)
+        }
+        float scale;
+        const __m512 inv = _mm512_set1_ps(simd::byte_scale(_mm512_reduce_max_ps(mx), 127.0f, scale));
+        __m512i qs = _mm512_setzero_si512();
+        for (int c = 0; c < d; c += 64) {
+          __m512i i[4];
+          for (int k = 0; k < 4; ++k)
+            i[k] = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_loadu_ps(f + c + 16 * k), inv),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          qs = _mm512_add_epi32(qs, _mm512_add_epi32(_mm512_add_epi32(i[0], i[1]), _mm512_add_epi32(i[2], i[3])));
+          simd::store_i8x64(i, s.q8 + std::size_t(h) * d + c);
+        }
+        const __m512 resid = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qs), _mm512_set1_ps(scale), xs);
+        s.qscale[h] = scale;
+        s.bias[h] = _mm512_reduce_add_ps(_mm512_fmadd_ps(resid, _mm512_set1_ps(kCodeMid<KF>), bias));
       }
-      float scale;
-      const __m512 inv = _mm512_set1_ps(simd::byte_scale(_mm512_reduce_max_ps(mx), 127.0f, scale));
-      __m512i qs = _mm512_setzero_si512();
-      for (int c = 0; c < d; c += 64) {
-        __m512i i[4];
-        for (int k = 0; k < 4; ++k)
-          i[k] = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_loadu_ps(f + c + 16 * k), inv),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        qs = _mm512_add_epi32(qs, _mm512_add_epi32(_mm512_add_epi32(i[0], i[1]), _mm512_add_epi32(i[2], i[3])));
-        simd::store_i8x64(i, s.q8 + std::size_t(h) * d + c);
-      }
-      const __m512 resid = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qs), _mm512_set1_ps(scale), xs);
-      s.qscale[h] = scale;
-      s.bias[h] = _mm512_reduce_add_ps(_mm512_fmadd_ps(resid, _mm512_set1_ps(kCodeMid<KF>), bias));
+      return true;
     }
-  }
+#else
+    (void)s;
+    return false;
 #endif
+  }
 
   /// Integer version over the [c/4][t][c%4] code tile with the int8 query s.q8.
   void int_key_dot(Scratch& s, int c0, int c1, const float* rowscale, const float* rowzero, bool fold, int cg = 0,
@@ -665,43 +669,39 @@ class DecodeKernel {
           s.smax[cg] = reduce_max(mx);
         }
       }
-#if KVC_HAS_AVX512()
-      if constexpr (kFused<VF> && VF::kPerTokenScale && B % 32 == 0) {
-        if (fused_v) value_weights_u8(s, ncg);
-      }
-      if (!(kFused<VF> && VF::kPerTokenScale && B % 32 == 0 && fused_v))
-#endif
-      for (int h = 0; h < g_; ++h) {
-        const float* pr = s.sc + std::size_t(h) * B;
-        if constexpr (VF::kPerTokenScale) {
-          for (int cg = 0; cg < ncg; ++cg) {
-            const float* sr = s.vscale + std::size_t(cg) * B;
-            const float* zr = s.vzero + std::size_t(cg) * B;
-            float* zacc = s.zacc + (std::size_t(h) * ncg + cg) * N;
-            F zv = F::load(zacc);
-            for (int t = 0; t < B; t += N) zv = fma(F::load(pr + t), F::load(zr + t), zv);
-            if constexpr (VF::kIntDot) {
-              zv = fma(round_to_bytes(B, s.pmax[h] * s.smax[cg], 255.0f, s.w8 + (std::size_t(h) * ncg + cg) * B,
-                                      s.wscale[h * ncg + cg],
-                                      [&](int t) { return F::load(pr + t) * F::load(sr + t); }),
-                       F::set1(kCodeMid<VF>), zv);
-            } else {
-              float* w = s.wf + (std::size_t(h) * ncg + cg) * B;
-              for (int t = 0; t < B; t += N) (F::load(pr + t) * F::load(sr + t)).store(w + t);
+      if (!(fused_v && value_weights_fast(s, ncg))) {  // the generic weights, unless the AVX-512 ones applied
+        for (int h = 0; h < g_; ++h) {
+          const float* pr = s.sc + std::size_t(h) * B;
+          if constexpr (VF::kPerTokenScale) {
+            for (int cg = 0; cg < ncg; ++cg) {
+              const float* sr = s.vscale + std::size_t(cg) * B;
+              const float* zr = s.vzero + std::size_t(cg) * B;
+              float* zacc = s.zacc + (std::size_t(h) * ncg + cg) * N;
+              F zv = F::load(zacc);
+              for (int t = 0; t < B; t += N) zv = fma(F::load(pr + t), F::load(zr + t), zv);
+              if constexpr (VF::kIntDot) {
+                zv = fma(round_to_bytes(B, s.pmax[h] * s.smax[cg], 255.0f, s.w8 + (std::size_t(h) * ncg + cg) * B,
+                                        s.wscale[h * ncg + cg],
+                                        [&](int t) { return F::load(pr + t) * F::load(sr + t); }),
+                         F::set1(kCodeMid<VF>), zv);
+              } else {
+                float* w = s.wf + (std::size_t(h) * ncg + cg) * B;
+                for (int t = 0; t < B; t += N) (F::load(pr + t) * F::load(sr + t)).store(w + t);
+              }
+              zv.store(zacc);
             }
-            zv.store(zacc);
+          } else {
+            F mx = F::zero(), ps = F::zero();
+            for (int t = 0; t < B; t += N) {
+              const F pv = F::load(pr + t);
+              mx = max(mx, pv);
+              ps = ps + pv;
+            }
+            s.psum[h] = reduce_add(ps);
+            // The centring correction needs the per-channel scale, applied below as psum_err * mid * s_c.
+            if constexpr (VF::kIntDot)
+              s.perr[h] = kCodeMid<VF> * reduce_add(round_to_bytes(pr, B, reduce_max(mx), 255.0f, s.w8 + std::size_t(h) * B, s.wscale[h]));
           }
-        } else {
-          F mx = F::zero(), ps = F::zero();
-          for (int t = 0; t < B; t += N) {
-            const F pv = F::load(pr + t);
-            mx = max(mx, pv);
-            ps = ps + pv;
-          }
-          s.psum[h] = reduce_add(ps);
-          // The centring correction needs the per-channel scale, applied below as psum_err * mid * s_c.
-          if constexpr (VF::kIntDot)
-            s.perr[h] = kCodeMid<VF> * reduce_add(round_to_bytes(pr, B, reduce_max(mx), 255.0f, s.w8 + std::size_t(h) * B, s.wscale[h]));
         }
       }
 #if KVC_HAS_AVX512()
@@ -801,47 +801,56 @@ class DecodeKernel {
     }
   }
 
-#if KVC_HAS_AVX512()
   /// The generic per-token value weights of value_accumulate for AVX-512 and fused codes, with fewer
   /// vector operations: w8[h][cg][t] = round(p_t s_t / wscale) computed as round((p_t / pmax_h) *
   /// (s_t * 255 / smax_cg)) with wscale = pmax_h smax_cg / 255 (the same bound as the generic path),
   /// and the centring residual sum_t (p_t s_t - wscale w8) as wscale * (u_t - round(u_t)). B % 32 == 0.
-  void value_weights_u8(Scratch& s, int ncg) const {
-    float* sn = s.wf;  // [ncg][B] s_t * 255 / smax_cg
-    for (int cg = 0; cg < ncg; ++cg) {
-      const float* sr = s.vscale + std::size_t(cg) * B;
-      float unused;
-      const __m512 k = _mm512_set1_ps(simd::byte_scale(s.smax[cg], 255.0f, unused));
-      for (int t = 0; t < B; t += 16) _mm512_storeu_ps(sn + std::size_t(cg) * B + t, _mm512_mul_ps(_mm512_loadu_ps(sr + t), k));
-    }
-    constexpr float mid = kCodeMid<VF>;
-    for (int h = 0; h < g_; ++h) {
-      const float* pr = s.sc + std::size_t(h) * B;
-      // Probabilities lie in [0, pmax_h], pmax_h in (0, 1] (the block's largest, <= 1 after the max shift).
-      const __m512 ip = _mm512_set1_ps(1.0f / s.pmax[h]);
+  /// Returns false (doing nothing) where it does not apply: the caller computes the generic weights.
+  bool value_weights_fast(Scratch& s, int ncg) const {
+#if KVC_HAS_AVX512()
+    if constexpr (!(kFused<VF> && VF::kPerTokenScale && B % 32 == 0)) {
+      return false;
+    } else {
+      float* sn = s.wf;  // [ncg][B] s_t * 255 / smax_cg
       for (int cg = 0; cg < ncg; ++cg) {
-        const float* zr = s.vzero + std::size_t(cg) * B;
-        const float* sr = sn + std::size_t(cg) * B;
-        float* zacc = s.zacc + (std::size_t(h) * ncg + cg) * 16;
-        const float wscale = s.pmax[h] * s.smax[cg] * (1.0f / 255.0f);
-        __m512 zv = _mm512_loadu_ps(zacc), res = _mm512_setzero_ps();
-        for (int t = 0; t < B; t += 32) {
-          const __m512 p0 = _mm512_loadu_ps(pr + t), p1 = _mm512_loadu_ps(pr + t + 16);
-          zv = _mm512_fmadd_ps(p0, _mm512_loadu_ps(zr + t), zv);
-          zv = _mm512_fmadd_ps(p1, _mm512_loadu_ps(zr + t + 16), zv);
-          const __m512 u0 = _mm512_mul_ps(_mm512_mul_ps(p0, ip), _mm512_loadu_ps(sr + t));
-          const __m512 u1 = _mm512_mul_ps(_mm512_mul_ps(p1, ip), _mm512_loadu_ps(sr + t + 16));
-          constexpr int kRn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-          const __m512 r0 = _mm512_roundscale_ps(u0, kRn), r1 = _mm512_roundscale_ps(u1, kRn);
-          res = _mm512_add_ps(res, _mm512_add_ps(_mm512_sub_ps(u0, r0), _mm512_sub_ps(u1, r1)));
-          simd::store_u8x32(_mm512_cvttps_epi32(r0), _mm512_cvttps_epi32(r1), s.w8 + (std::size_t(h) * ncg + cg) * B + t);
-        }
-        s.wscale[h * ncg + cg] = wscale;
-        _mm512_storeu_ps(zacc, _mm512_fmadd_ps(res, _mm512_set1_ps(wscale * mid), zv));
+        const float* sr = s.vscale + std::size_t(cg) * B;
+        float unused;
+        const __m512 k = _mm512_set1_ps(simd::byte_scale(s.smax[cg], 255.0f, unused));
+        for (int t = 0; t < B; t += 16) _mm512_storeu_ps(sn + std::size_t(cg) * B + t, _mm512_mul_ps(_mm512_loadu_ps(sr + t), k));
       }
+      constexpr float mid = kCodeMid<VF>;
+      for (int h = 0; h < g_; ++h) {
+        const float* pr = s.sc + std::size_t(h) * B;
+        // Probabilities lie in [0, pmax_h], pmax_h in (0, 1] (the block's largest, <= 1 after the max shift).
+        const __m512 ip = _mm512_set1_ps(1.0f / s.pmax[h]);
+        for (int cg = 0; cg < ncg; ++cg) {
+          const float* zr = s.vzero + std::size_t(cg) * B;
+          const float* sr = sn + std::size_t(cg) * B;
+          float* zacc = s.zacc + (std::size_t(h) * ncg + cg) * 16;
+          const float wscale = s.pmax[h] * s.smax[cg] * (1.0f / 255.0f);
+          __m512 zv = _mm512_loadu_ps(zacc), res = _mm512_setzero_ps();
+          for (int t = 0; t < B; t += 32) {
+            const __m512 p0 = _mm512_loadu_ps(pr + t), p1 = _mm512_loadu_ps(pr + t + 16);
+            zv = _mm512_fmadd_ps(p0, _mm512_loadu_ps(zr + t), zv);
+            zv = _mm512_fmadd_ps(p1, _mm512_loadu_ps(zr + t + 16), zv);
+            const __m512 u0 = _mm512_mul_ps(_mm512_mul_ps(p0, ip), _mm512_loadu_ps(sr + t));
+            const __m512 u1 = _mm512_mul_ps(_mm512_mul_ps(p1, ip), _mm512_loadu_ps(sr + t + 16));
+            constexpr int kRn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+            const __m512 r0 = _mm512_roundscale_ps(u0, kRn), r1 = _mm512_roundscale_ps(u1, kRn);
+            res = _mm512_add_ps(res, _mm512_add_ps(_mm512_sub_ps(u0, r0), _mm512_sub_ps(u1, r1)));
+            simd::store_u8x32(_mm512_cvttps_epi32(r0), _mm512_cvttps_epi32(r1), s.w8 + (std::size_t(h) * ncg + cg) * B + t);
+          }
+          s.wscale[h * ncg + cg] = wscale;
+          _mm512_storeu_ps(zacc, _mm512_fmadd_ps(res, _mm512_set1_ps(wscale * mid), zv));
+        }
+      }
+      return true;
     }
-  }
+#else
+    (void)s, (void)ncg;
+    return false;
 #endif
+  }
 
   /// Uncompressed value block [t][c] of T. CT channel vectors per pass keep NH*CT independent FMA
   /// chains in flight (the latency, not the port count, bounds a single chain).
