@@ -495,27 +495,38 @@ class DecodeKernel {
           s.qsum[(h0 + h) * ncg + cg] = reduce_add(a);
         }
       }
+      // Even and odd channels accumulate separately (2*NH*JT independent FMA chains: with NH*JT = 8,
+      // one set leaves the FMA latency exposed).
       for (int j = 0; j < B; j += N * JT) {
-        F a[NH][JT];
-        for (int h = 0; h < NH; ++h)
-          for (int jj = 0; jj < JT; ++jj) a[h][jj] = F::zero();
-        for (int c = c0; c < c1; ++c) {
+        F a[2][NH][JT];
+        for (int e = 0; e < 2; ++e)
+          for (int h = 0; h < NH; ++h)
+            for (int jj = 0; jj < JT; ++jj) a[e][h][jj] = F::zero();
+        auto step = [&](int c, F (&acc)[NH][JT]) {
           s.prefetch_step();
           F kv[JT];
           for (int jj = 0; jj < JT; ++jj) kv[jj] = F::load(tile + std::size_t(c) * B + j + jj * N);
           for (int h = 0; h < NH; ++h) {
             const F qb = F::set1(q[std::size_t(h0 + h) * d + c]);
-            for (int jj = 0; jj < JT; ++jj) a[h][jj] = fma(qb, kv[jj], a[h][jj]);
+            for (int jj = 0; jj < JT; ++jj) acc[h][jj] = fma(qb, kv[jj], acc[h][jj]);
           }
+        };
+        int c = c0;
+        for (; c + 2 <= c1; c += 2) {
+          step(c, a[0]);
+          step(c + 1, a[1]);
         }
+        if (c < c1) step(c, a[0]);
+        for (int h = 0; h < NH; ++h)
+          for (int jj = 0; jj < JT; ++jj) a[0][h][jj] = a[0][h][jj] + a[1][h][jj];
         for (int h = 0; h < NH; ++h)
           for (int jj = 0; jj < JT; ++jj) {
             float* out = s.sc + std::size_t(h0 + h) * B + j + jj * N;
             if (fold) {
-              (a[h][jj] + F::set1(s.bias[h0 + h])).store(out);
+              (a[0][h][jj] + F::set1(s.bias[h0 + h])).store(out);
             } else {
               const int t = j + jj * N;
-              fma(a[h][jj], F::load(rowscale + t),
+              fma(a[0][h][jj], F::load(rowscale + t),
                   fma(F::set1(s.qsum[(h0 + h) * ncg + cg]), F::load(rowzero + t), F::load(out)))
                   .store(out);
             }
