@@ -268,10 +268,6 @@ class DecodeKernel {
     const std::size_t per_block = KF::block_bytes(d_) + VF::block_bytes(d_);
     return static_cast<int>(std::max<std::size_t>(1, kPrefetchBytes / per_block));
   }
-  static void prefetch(const std::byte* p, std::size_t bytes) noexcept {
-    for (std::size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
-  }
-
 
   template <class Fn>
   static void for_head_chunks(int g, Fn&& fn) {
