@@ -86,8 +86,8 @@ KVC_HOST_DEVICE void pack_codes(const std::uint8_t* codes, std::size_t n, int bi
 }
 
 /// Unpacks n codes into one byte each (portable; the SIMD kernels inline their own version).
+/// Same preconditions as pack_codes: the first plane writes every code, later planes OR into it.
 KVC_HOST_DEVICE void unpack_codes(const std::uint8_t* packed, std::size_t n, int bits, std::uint8_t* codes) noexcept {
-  for (std::size_t k = 0; k < n; ++k) codes[k] = 0;
   std::size_t base = 0;
   for (int p = 0, off = 0; p < plane_count(bits); ++p) {
     const int w = plane_width(bits, p);
@@ -96,9 +96,11 @@ KVC_HOST_DEVICE void unpack_codes(const std::uint8_t* packed, std::size_t n, int
     const std::size_t vectors = n / (64u * per);
     for (std::size_t m = 0; m < vectors; ++m)
       for (unsigned i = 0; i < per; ++i)
-        for (std::size_t j = 0; j < 64; ++j)
-          codes[(m * per + i) * 64 + j] |=
-              static_cast<std::uint8_t>(((packed[base + m * 64 + j] >> (i * w)) & mask) << off);
+        for (std::size_t j = 0; j < 64; ++j) {
+          const auto v = static_cast<std::uint8_t>(((packed[base + m * 64 + j] >> (i * w)) & mask) << off);
+          std::uint8_t& c = codes[(m * per + i) * 64 + j];
+          c = p == 0 ? v : static_cast<std::uint8_t>(c | v);
+        }
     base += n * static_cast<std::size_t>(w) / 8;
     off += w;
   }
