@@ -18,10 +18,10 @@
 #endif
 #define KVC_HAS_CUDA_COMPILER() KVC_HAS_CUDA_COMPILER_
 
-// Host SIMD paths are chosen at compile time from the target flags (like Eigen): build with
-// -march=native (or -mavx512f -mavx512bw -mavx512vl -mavx512vnni) to get the AVX-512 VNNI kernels,
-// -mavx2 -mfma -mf16c for the AVX2 kernels; anything else gets the portable scalar code.
-// KVC_DISABLE_SIMD forces the portable path (tests use it to check every path against the oracle).
+// What the compiler targets for this translation unit (-m flags). The fused attention does not depend
+// on these: it compiles every SIMD path with target attributes and picks one at run time
+// (core/cpu_features.hpp); they serve code that is inlined into default-target functions (fp16
+// batch conversion, benchmarks). KVC_DISABLE_SIMD turns both off (portable code only).
 #if !defined(KVC_DISABLE_SIMD) && !defined(__CUDA_ARCH__) && defined(__AVX512F__) && \
     defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
 #  define KVC_HAS_AVX512_ 1
@@ -61,16 +61,3 @@
 #  define KVC_SUPPRESS_INTRINSIC_WARNINGS_BEGIN
 #  define KVC_SUPPRESS_INTRINSIC_WARNINGS_END
 #endif
-
-namespace kvc {
-/// The SIMD path this translation unit was compiled for, for logs and benchmark labels.
-inline constexpr const char* simd_path_name() noexcept {
-#if KVC_HAS_AVX512()
-  return "avx512-vnni";
-#elif KVC_HAS_AVX2()
-  return "avx2";
-#else
-  return "portable";
-#endif
-}
-}  // namespace kvc

@@ -5,6 +5,7 @@
 #include <kvc/config.hpp>
 #include <kvc/core/bit_packing.hpp>
 #include <kvc/core/concepts.hpp>
+#include <kvc/core/cpu_features.hpp>
 #include <kvc/core/error.hpp>
 #include <kvc/core/numeric.hpp>
 #include <kvc/core/view.hpp>

@@ -5,6 +5,7 @@
 
 #include <kvc/config.hpp>
 
+#include <ios>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -36,6 +37,7 @@ namespace detail {
 template <class... Args>
 [[noreturn]] inline void fail(Errc code, const Args&... args) {
   std::ostringstream os;
+  os.precision(9);  // floats print exactly enough to tell 65504.0039 from 65504
   (os << ... << args);
   throw Error(code, os.str());
 }

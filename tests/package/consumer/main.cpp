@@ -2,7 +2,7 @@
 #if __has_include(<kvc/kvc.hpp>)
 #  include <kvc/kvc.hpp>
 #else
-#  include <kvc/config.hpp>
+#  include <kvc/core/cpu_features.hpp>
 #endif
 
 #include <cstdio>
