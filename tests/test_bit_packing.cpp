@@ -99,12 +99,22 @@ TYPED_TEST(Packing, SimdUnpackMatchesPortable) {
   for (std::size_t n : {std::size_t(512), std::size_t(2048), std::size_t(8192)}) {
     const auto codes = random_codes(n, b, 1234 + n + b);
     const auto packed = pack_checked(codes, b);
-    std::vector<std::uint8_t> portable(n), simd(n + 64, 0xEE);  // garbage in: the unpacker must not OR into it
+    std::vector<std::uint8_t> portable(n);
     portable_unpack(packed.data(), n, b, portable.data());
-    kvc::detail::simd::unpack_codes<b>(packed.data(), n, simd.data());
-    EXPECT_TRUE(std::equal(portable.begin(), portable.end(), simd.begin())) << "bits " << b << " n " << n;
-    EXPECT_TRUE(std::equal(codes.begin(), codes.end(), simd.begin()));
-    for (std::size_t i = n; i < n + 64; ++i) ASSERT_EQ(simd[i], 0xEE) << "SIMD unpack wrote past n codes";
+    KVC_FOR_EACH_ISA(isa) {
+      SCOPED_TRACE(kvc::isa_name(isa));
+      std::vector<std::uint8_t> simd(n + 64, 0xEE);  // garbage in: the unpacker must not OR into it
+      switch (isa) {
+#if KVC_HAS_ISA_DISPATCH()
+        case kvc::Isa::kAvx512: kvc::detail::isa_avx512::simd::unpack_codes<b>(packed.data(), n, simd.data()); break;
+        case kvc::Isa::kAvx2: kvc::detail::isa_avx2::simd::unpack_codes<b>(packed.data(), n, simd.data()); break;
+#endif
+        default: kvc::detail::isa_portable::simd::unpack_codes<b>(packed.data(), n, simd.data()); break;
+      }
+      EXPECT_TRUE(std::equal(portable.begin(), portable.end(), simd.begin())) << "bits " << b << " n " << n;
+      EXPECT_TRUE(std::equal(codes.begin(), codes.end(), simd.begin()));
+      for (std::size_t i = n; i < n + 64; ++i) ASSERT_EQ(simd[i], 0xEE) << "SIMD unpack wrote past n codes";
+    }
   }
 }
 

@@ -16,6 +16,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <cstdio>
 #include <vector>
 
 namespace kvc_test {
@@ -53,6 +54,13 @@ using Sink = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<2, 32, Axis::k
 using Mixed56 = kvc::CompressedKVCache<kvc::keys<kvc::UniformQuantizer<6>>,
                                        kvc::values<kvc::GroupQuantizer<5, 32, Axis::kChannel>>,
                                        kvc::FullPrecisionWindow<8, 0, float>>;
+/// 16-channel value groups: value layouts that admit head dims 80 and 112 (32-channel groups do not).
+using Kivi4G16 = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<4, 32, Axis::kChannel>>,
+                                        kvc::values<kvc::GroupQuantizer<4, 16, Axis::kToken>>,
+                                        kvc::FullPrecisionWindow<32>>;
+using Kivi2G16 = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<2, 32, Axis::kChannel>>,
+                                        kvc::values<kvc::GroupQuantizer<2, 16, Axis::kToken>>,
+                                        kvc::FullPrecisionWindow<32, 4>>;
 }  // namespace sch
 
 template <class C>
@@ -71,6 +79,24 @@ template <> inline constexpr const char* scheme_name<sch::MidKivi> = "MidKivi";
 template <> inline constexpr const char* scheme_name<sch::Chan64> = "Chan64";
 template <> inline constexpr const char* scheme_name<sch::Sink> = "Sink";
 template <> inline constexpr const char* scheme_name<sch::Mixed56> = "Mixed56";
+template <> inline constexpr const char* scheme_name<sch::Kivi4G16> = "Kivi4G16";
+template <> inline constexpr const char* scheme_name<sch::Kivi2G16> = "Kivi2G16";
+
+}  // namespace kvc_test
+
+// Every scheme's attention kernels (3 SIMD paths x 2 precisions) are compiled once per test binary,
+// in tests/test_kernel_instances_*.cpp, not in every test source that calls them (compile time).
+#define KVC_TEST_SCHEMES_A(X) X(Fp32) X(Fp16) X(Int8) X(Kivi4) X(Kivi2) X(Kivi3) X(Kivi1) X(Kivi8)
+#define KVC_TEST_SCHEMES_B(X) X(Tensor4) X(MidTok4) X(MidKivi) X(Chan64) X(Sink) X(Mixed56) X(Kivi4G16) X(Kivi2G16)
+#define KVC_TEST_ATTENTION_SIGNATURE(S)                                                                          \
+  void kvc::decode_attention<kvc_test::sch::S::layout>(const kvc_test::sch::S::layout::Params&, kvc::QueryView, \
+                                                       kvc::OutputView, const kvc::AttentionOptions&);
+#define KVC_TEST_EXTERN_ATTENTION(S) extern template KVC_TEST_ATTENTION_SIGNATURE(S)
+#define KVC_TEST_INSTANTIATE_ATTENTION(S) template KVC_TEST_ATTENTION_SIGNATURE(S)
+KVC_TEST_SCHEMES_A(KVC_TEST_EXTERN_ATTENTION)
+KVC_TEST_SCHEMES_B(KVC_TEST_EXTERN_ATTENTION)
+
+namespace kvc_test {
 
 /// gtest name generator for typed suites over cache schemes.
 struct SchemeNames {
@@ -372,14 +398,54 @@ template <class Cache>
 // ------------------------------------------------------------------------------------------------
 // Attention runners
 // ------------------------------------------------------------------------------------------------
+/// The SIMD paths of the fused attention this binary contains and this CPU runs (portable first).
+inline std::vector<kvc::Isa> runnable_isas() {
+  std::vector<kvc::Isa> r;
+  for (kvc::Isa i : {kvc::Isa::kPortable, kvc::Isa::kAvx2, kvc::Isa::kAvx512})
+    if (kvc::isa_supported(i)) r.push_back(i);
+  return r;
+}
+/// The paths this binary contains but this CPU cannot run, printed once per process so that a run
+/// on a smaller CPU says what it did not test.
+inline void report_unrunnable_isas() {
+  static const bool once = [] {
+    for (kvc::Isa i : {kvc::Isa::kAvx2, kvc::Isa::kAvx512})
+      if (kvc::isa_compiled(i) && !kvc::isa_supported(i))
+        std::printf("[kvc] this CPU cannot run the %s attention path: its tests are not run here\n", kvc::isa_name(i));
+    if (!kvc::isa_compiled(kvc::Isa::kAvx2))
+      std::printf("[kvc] this build contains only the portable attention path (KVC_DISABLE_SIMD)\n");
+    return true;
+  }();
+  (void)once;
+}
+/// The path `fused` runs when its options leave `isa` at kAuto (set by KVC_FOR_EACH_ISA).
+inline kvc::Isa& test_isa() {
+  static kvc::Isa isa = kvc::Isa::kAuto;
+  return isa;
+}
+struct IsaScope {
+  kvc::Isa saved;
+  explicit IsaScope(kvc::Isa i) : saved(test_isa()) { test_isa() = i; }
+  ~IsaScope() { test_isa() = saved; }
+  IsaScope(const IsaScope&) = delete;
+  IsaScope& operator=(const IsaScope&) = delete;
+};
+/// Runs the statement that follows once per runnable path, with `fused` pinned to it.
+#define KVC_FOR_EACH_ISA(isa)                                    \
+  ::kvc_test::report_unrunnable_isas();                          \
+  for (const kvc::Isa isa : ::kvc_test::runnable_isas())         \
+    if (const ::kvc_test::IsaScope isa##_scope{isa}; true)
+
 /// Fused decode attention of the first `nseq` sequences of `layer`; q: [nseq][Hq][d].
 template <class Cache>
 std::vector<float> fused(const Cache& c, int layer, const std::vector<float>& q, int nseq, int Hq,
                          const kvc::AttentionOptions& opt = {}) {
   const int d = c.config().head_dim;
   std::vector<float> out(q.size(), std::numeric_limits<float>::quiet_NaN());
+  kvc::AttentionOptions o = opt;
+  if (o.isa == kvc::Isa::kAuto) o.isa = test_isa();
   kvc::decode_attention(c, layer, kvc::QueryView::contiguous(q.data(), nseq, Hq, d),
-                        kvc::OutputView::contiguous(out.data(), nseq, Hq, d), opt);
+                        kvc::OutputView::contiguous(out.data(), nseq, Hq, d), o);
   return out;
 }
 
