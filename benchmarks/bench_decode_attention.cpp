@@ -1,7 +1,8 @@
 // One binary for the bandwidth limit and the kernels, so every ratio comes from one run.
 //   BM_MemoryRead                        plain multi-threaded read of a 1 GiB buffer (the limit)
 //   BM_DecodeAttention/<scheme>/T:<n>    fused decode attention, 8 KV heads, GQA 4, head dim 128,
-//                                        batch 1; caches flushed before every iteration
+//                                        batch 1; caches flushed before every iteration; <scheme>-exact:
+//                                        Precision::kExact (float dot products over the codes)
 //   BM_Append/<scheme>                   prefill compression throughput (4096 tokens)
 // Counters: bytes_per_second = cache bytes one decode step reads (codes, scales, zeros, windows);
 // bits_per_element = stored bits per K/V element, everything counted.
@@ -92,7 +93,7 @@ std::unique_ptr<Cache> build_cache(int tokens) {
   return cache;
 }
 
-template <class Cache>
+template <class Cache, kvc::Precision Prec = kvc::Precision::kFast>
 void BM_DecodeAttention(benchmark::State& state) {
   const int tokens = static_cast<int>(state.range(0));
   const auto cache = build_cache<Cache>(tokens);
@@ -101,7 +102,9 @@ void BM_DecodeAttention(benchmark::State& state) {
   std::mt19937 rng(3);
   std::normal_distribution<float> nd;
   for (auto& x : q) x = nd(rng);
-  kvc_bench::time_decode_steps(state, *cache, q, heads, kHeadDim);
+  kvc::AttentionOptions opt;
+  opt.precision = Prec;
+  kvc_bench::time_decode_steps(state, *cache, q, heads, kHeadDim, opt);
 }
 
 template <class Cache>
@@ -120,13 +123,21 @@ void BM_Append(benchmark::State& state) {
 }
 
 template <class Cache>
-void register_scheme(const char* name) {
+void register_scheme(const char* name, bool exact_too = false) {
   benchmark::RegisterBenchmark((std::string("BM_DecodeAttention/") + name).c_str(), BM_DecodeAttention<Cache>)
       ->ArgName("T")
       ->Arg(4096)
       ->Arg(32768)
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond);
+  if (exact_too)
+    benchmark::RegisterBenchmark((std::string("BM_DecodeAttention/") + name + "-exact").c_str(),
+                                 BM_DecodeAttention<Cache, kvc::Precision::kExact>)
+        ->ArgName("T")
+        ->Arg(4096)
+        ->Arg(32768)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark((std::string("BM_Append/") + name).c_str(), BM_Append<Cache>)
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond);
@@ -136,8 +147,8 @@ const int registered = [] {
   register_scheme<kvc::schemes::Fp32>("fp32");
   register_scheme<kvc::schemes::Fp16>("fp16");
   register_scheme<kvc::schemes::Int8>("int8");
-  register_scheme<kvc::schemes::Kivi4>("kivi4");
-  register_scheme<kvc::schemes::Kivi2>("kivi2");
+  register_scheme<kvc::schemes::Kivi4>("kivi4", true);
+  register_scheme<kvc::schemes::Kivi2>("kivi2", true);
   return 0;
 }();
 }  // namespace

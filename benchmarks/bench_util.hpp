@@ -26,17 +26,19 @@ inline void flush_caches() {
 
 /// Times one fused decode step over layer 0 of `cache` per iteration (caches flushed, untimed, before
 /// each), and sets the counters: bytes_per_second (cache bytes one step reads: codes, scales, zeros,
-/// windows) and bits_per_element (stored bits per K/V element, everything counted).
+/// windows) and bits_per_element (stored bits per K/V element, everything counted). The label names
+/// the SIMD path that ran (chosen at run time; KVC_FORCE_ISA pins it).
 template <class Cache>
 void time_decode_steps(benchmark::State& state, const Cache& cache, const std::vector<float>& q, int heads,
-                       int head_dim) {
+                       int head_dim, const kvc::AttentionOptions& opt = {}) {
   std::vector<float> out(q.size());
+  state.SetLabel(kvc::isa_name(kvc::resolve_isa(opt.isa)));
   for (auto _ : state) {
     state.PauseTiming();
     flush_caches();
     state.ResumeTiming();
     kvc::decode_attention(cache, 0, kvc::QueryView::contiguous(q.data(), 1, heads, head_dim),
-                          kvc::OutputView::contiguous(out.data(), 1, heads, head_dim));
+                          kvc::OutputView::contiguous(out.data(), 1, heads, head_dim), opt);
     benchmark::DoNotOptimize(out.data());
   }
   state.counters["bytes_per_second"] = benchmark::Counter(

@@ -53,12 +53,12 @@ endforeach()
 endfunction()
 
 # kvc_add_benchmark(<name> SOURCES <src>... [DEFINITIONS <def>...] [OPTIONS <compile option>...]
-#                   [LIBRARIES <lib>...])
+#                   [LIBRARIES <lib>...] [BASELINE])
 #   One Google Benchmark executable linked to kvc::kvc and benchmark::benchmark (plus
 #   benchmark::benchmark_main, a static archive: only used if no source defines main()),
-#   built with -O3 and, when KVC_NATIVE is ON, -march=native.
+#   built with -O3 and, when KVC_NATIVE is ON and BASELINE is not given, -march=native.
 function(kvc_add_benchmark name)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "" "" "SOURCES;DEFINITIONS;OPTIONS;LIBRARIES")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "BASELINE" "" "SOURCES;DEFINITIONS;OPTIONS;LIBRARIES")
   if(arg_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "kvc_add_benchmark(${name}): unknown arguments ${arg_UNPARSED_ARGUMENTS}")
   endif()
@@ -75,7 +75,9 @@ function(kvc_add_benchmark name)
     target_compile_options(${name} PRIVATE -O3)
   endif()
   target_compile_options(${name} PRIVATE ${arg_OPTIONS})
-  kvc_native_flags(${name})
+  if(NOT arg_BASELINE)
+    kvc_native_flags(${name})
+  endif()
 endfunction()
 
 # kvc_add_example(<source>)
