@@ -4,8 +4,17 @@
 //   kvc-eval [--model GGUF] [--text FILE] [--tokens N] [--schemes a,b,...|all] [--json FILE]
 //            [--markdown FILE] [--dump-logits DIR [--dump-logits-n N]] [--dump-kv FILE
 //            [--dump-kv-layers 0,15,29]] [--max-delta-ppl name=x,...] [--max-kl name=x,...]
-//            [--expect-worse a:b,...]
+//            [--expect-worse a:b,...] [--attention fast|exact|reference]
 //            [--no-layer-error] [--list]
+//
+// --attention: how the engine attends over each scheme's cache (the same cache contents in every mode;
+// every run, the fp32 baseline included, uses the mode):
+//   fast       kvc::decode_attention with default options (the default; what a user's engine runs)
+//   exact      kvc::decode_attention with AttentionOptions::precision = kvc::Precision::kExact
+//   reference  kvc::reference::decode_attention (double) over CompressedKVCache::dequantize() of the
+//              layer, redone at every position: the cache's contents attended exactly, so ΔPPL/KL are
+//              the compression's alone. O(T^2) per layer: measured ~15 s per scheme for 512 tokens
+//              (3x fast), 2-4.5 min per scheme for 2048 (est. ~50 min for `--schemes all`)
 //
 // Metrics per scheme, against the fp32 cache run (the exact reference) on the same tokens:
 //   ppl        exp(mean NLL of token t+1 given tokens <= t), t = 0..T-2
@@ -62,6 +71,7 @@ struct Options {
   std::map<std::string, double> max_delta_ppl, max_kl;
   std::vector<std::pair<std::string, std::string>> expect_worse;
   bool layer_error = true;
+  AttentionMode attention = AttentionMode::kFast;
 };
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -122,6 +132,11 @@ Options parse(int argc, char** argv) {
         if (c == std::string::npos) usage_error("--expect-worse wants worse:better, got '" + p + "'");
         o.expect_worse.emplace_back(p.substr(0, c), p.substr(c + 1));
       }
+    } else if (a == "--attention") {
+      const std::string m = value(i);
+      const auto mode = parse_attention_mode(m);
+      if (!mode) usage_error("--attention wants fast, exact or reference, got '" + m + "'");
+      o.attention = *mode;
     } else if (a == "--no-layer-error") o.layer_error = false;
     else if (a == "--list") {
       for (const SchemeEntry& e : scheme_registry()) std::printf("%-12s %s\n", e.name.c_str(), e.description.c_str());
@@ -283,6 +298,7 @@ void write_json(const std::string& path, const Options& o, int T, const std::vec
   f << "{\n  \"model\": \"" << json_escape(std::filesystem::path(o.model).filename().string()) << "\",\n"
     << "  \"text\": \"" << json_escape(o.text) << "\",\n  \"tokens\": " << T << ",\n"
     << "  \"simd_path\": \"" << kvc::simd_path_name() << "\",\n"
+    << "  \"attention\": \"" << attention_mode_name(o.attention) << "\",\n"
     << "  \"baseline\": {\"name\": \"" << rs[0].name << "\", \"ppl\": " << num(rs[0].ppl) << "},\n  \"schemes\": [";
   for (std::size_t i = 1; i < rs.size(); ++i) {
     const Result& r = rs[i];
@@ -309,9 +325,9 @@ int run(const Options& o) {
   const LlamaConfig& c = model.config();
   std::fprintf(stderr,
                "kvc-eval: %s (%d layers, %d/%d heads, head_dim %d, vocab %d), %d of %zu tokens of %s, %s path, "
-               "loaded in %.1f s\n",
+               "%s attention, loaded in %.1f s\n",
                std::filesystem::path(o.model).filename().c_str(), c.layers, c.heads, c.kv_heads, c.head_dim, c.vocab,
-               o.tokens, all_tokens.size(), o.text.c_str(), kvc::simd_path_name(),
+               o.tokens, all_tokens.size(), o.text.c_str(), kvc::simd_path_name(), attention_mode_name(o.attention),
                std::chrono::duration<double>(Clock::now() - t0).count());
 
   // The exact reference run (fp32 cache), which also feeds the dumps.
@@ -327,6 +343,7 @@ int run(const Options& o) {
     RunHooks hooks;
     hooks.progress = [&](int l) { bar(l); };
     hooks.measure_layer_error = o.layer_error && name != "fp32";
+    hooks.attention = o.attention;
     const bool dumping = results.empty() && !o.dump_kv.empty();
     if (dumping) {
       dump.model = std::filesystem::path(o.model).filename().string();
@@ -376,12 +393,15 @@ int run(const Options& o) {
     results.push_back(std::move(r));
   }
 
-  const std::string table = markdown_table(results);
-  std::printf("SmolLM2-135M (%s), %d tokens of %s, %s path\n\n%s", gguf.get_string("general.name").c_str(), o.tokens,
-              o.text.c_str(), kvc::simd_path_name(), table.c_str());
+  char head[512];
+  std::snprintf(head, sizeof head, "SmolLM2-135M (%s), %d tokens of %s, %s path, %s attention\n\n",
+                gguf.get_string("general.name").c_str(), o.tokens, o.text.c_str(), kvc::simd_path_name(),
+                attention_mode_name(o.attention));
+  const std::string report = head + markdown_table(results);
+  std::fputs(report.c_str(), stdout);
   if (!o.markdown.empty()) {
     std::ofstream f(o.markdown);
-    f << table;
+    f << report;
     KVC_CHECK(f.good(), kvc::Errc::kIo, "cannot write '", o.markdown, "'");
   }
   if (!o.json.empty()) write_json(o.json, o, o.tokens, results);

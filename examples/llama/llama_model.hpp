@@ -1,6 +1,8 @@
 /// \file llama_model.hpp
 /// A llama-architecture forward pass on the CPU whose attention reads every past position back from
-/// a kvc::CompressedKVCache through kvc's fused decode attention, as a user's engine would.
+/// a kvc::CompressedKVCache through kvc's fused decode attention, as a user's engine would (or, with
+/// ForwardOptions::attention, through its exact mode or the double-precision reference over the cache's
+/// dequantized contents).
 ///
 /// Teacher-forced evaluation runs layer by layer: each layer's Q/K/V projections and MLP are batched
 /// over all T positions (Eigen GEMMs on OpenMP threads), while attention runs position by position:
@@ -24,7 +26,9 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kvc::llama {
@@ -49,6 +53,38 @@ struct LayerTrace {
   const RowMatrix* k_pre_rope = nullptr;  ///< pre-RoPE keys
   const RowMatrix* v = nullptr;           ///< values
   const RowMatrix* attn = nullptr;        ///< attention outputs read from the cache [T][heads*head_dim]
+};
+
+/// How forward() attends over the cache. Every mode reads the SAME cache contents (the same scheme,
+/// the same appends); only the attention arithmetic differs.
+enum class AttentionMode {
+  kFast,       ///< kvc::decode_attention with default options (what a user's engine runs)
+  kExact,      ///< kvc::decode_attention with AttentionOptions::precision = Precision::kExact
+  kReference,  ///< kvc::reference::decode_attention (double) over CompressedKVCache::dequantize(): the
+               ///< cache's contents attended exactly. O(T) per token and layer, so O(T^2) per layer
+};
+
+[[nodiscard]] inline const char* attention_mode_name(AttentionMode m) noexcept {
+  switch (m) {
+    case AttentionMode::kFast: return "fast";
+    case AttentionMode::kExact: return "exact";
+    case AttentionMode::kReference: return "reference";
+  }
+  return "?";
+}
+
+/// "fast" / "exact" / "reference", or nothing for any other string.
+[[nodiscard]] inline std::optional<AttentionMode> parse_attention_mode(std::string_view s) noexcept {
+  for (AttentionMode m : {AttentionMode::kFast, AttentionMode::kExact, AttentionMode::kReference})
+    if (s == attention_mode_name(m)) return m;
+  return std::nullopt;
+}
+
+/// Options of LlamaModel::forward().
+struct ForwardOptions {
+  AttentionMode attention = AttentionMode::kFast;
+  std::function<void(const LayerTrace&)> observe;  ///< called after each layer's attention (optional)
+  std::function<void(int layer)> progress;         ///< called after each finished layer (optional)
 };
 
 class LlamaModel {
@@ -104,11 +140,9 @@ class LlamaModel {
 
   /// Teacher-forced forward pass over `tokens` with `cache` (empty, sequence 0 is used).
   /// Returns the final RMS-normalised hidden states [T][d_model]; `logits()` turns rows into logits.
-  /// `observe(trace)` is called after each layer's attention (optional).
+  /// `fo.attention` picks how attention reads the cache; `fo.observe` / `fo.progress` are optional hooks.
   template <class Cache>
-  RowMatrix forward(const std::vector<std::int32_t>& tokens, Cache& cache,
-                    const std::function<void(const LayerTrace&)>& observe = {},
-                    const std::function<void(int layer)>& progress = {}) const {
+  RowMatrix forward(const std::vector<std::int32_t>& tokens, Cache& cache, const ForwardOptions& fo = {}) const {
     const int T = int(tokens.size()), d = cfg_.d_model, hd = cfg_.head_dim;
     KVC_CHECK(T > 0, Errc::kInvalidArgument, "no tokens to evaluate");
     KVC_CHECK(cache.config().layers == cfg_.layers && cache.config().kv_heads == cfg_.kv_heads &&
@@ -129,6 +163,14 @@ class LlamaModel {
     RowMatrix xn(T, d), q, k, k_pre, v, attn(T, cfg_.heads * hd), gate, up;
     AttentionOptions opt;
     opt.num_threads = 1;  // one query token per call: parallel regions would cost more than they save
+    if (fo.attention == AttentionMode::kExact) opt.precision = Precision::kExact;
+    // kReference: the layer's dequantized cache [t+1][kv_heads][head_dim], rebuilt at every position
+    // (blocks are quantized when they leave the fp window, so the contents change as t grows).
+    std::vector<float> k_deq, v_deq;
+    if (fo.attention == AttentionMode::kReference) {
+      k_deq.resize(std::size_t(T) * cfg_.kv_heads * hd);
+      v_deq.resize(k_deq.size());
+    }
     for (int l = 0; l < cfg_.layers; ++l) {
       const LlamaLayer& L = layers_[std::size_t(l)];
       rms_norm(x, L.attn_norm, xn);
@@ -141,17 +183,23 @@ class LlamaModel {
       for (int t = 0; t < T; ++t) {
         cache.append(l, 0, KVView::contiguous(k.row(t).data(), 1, cfg_.kv_heads, hd),
                      KVView::contiguous(v.row(t).data(), 1, cfg_.kv_heads, hd));
-        decode_attention(cache, l, QueryView::contiguous(q.row(t).data(), 1, cfg_.heads, hd),
-                         OutputView::contiguous(attn.row(t).data(), 1, cfg_.heads, hd), opt);
+        if (fo.attention == AttentionMode::kReference) {
+          cache.dequantize(l, 0, k_deq.data(), v_deq.data());
+          reference::decode_attention(q.row(t).data(), cfg_.heads, k_deq.data(), v_deq.data(), t + 1,
+                                      cfg_.kv_heads, hd, attn.row(t).data(), opt.scale);
+        } else {
+          decode_attention(cache, l, QueryView::contiguous(q.row(t).data(), 1, cfg_.heads, hd),
+                           OutputView::contiguous(attn.row(t).data(), 1, cfg_.heads, hd), opt);
+        }
       }
-      if (observe) observe(LayerTrace{l, &q, &k, &k_pre, &v, &attn});
+      if (fo.observe) fo.observe(LayerTrace{l, &q, &k, &k_pre, &v, &attn});
       x.noalias() += attn * L.wo.transpose();
       rms_norm(x, L.ffn_norm, xn);
       gate.noalias() = xn * L.w_gate.transpose();
       up.noalias() = xn * L.w_up.transpose();
       gate = gate.unaryExpr([](float g) { return g / (1.0f + std::exp(-g)); }).cwiseProduct(up);  // SwiGLU
       x.noalias() += gate * L.w_down.transpose();
-      if (progress) progress(l);
+      if (fo.progress) fo.progress(l);
     }
     rms_norm(x, output_norm_, xn);
     return xn;

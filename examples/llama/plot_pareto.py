@@ -192,6 +192,8 @@ def main(argv=None) -> int:
     title = f"{d.get('model', '?')}: KV-cache compression, {d.get('text', '?')}"
     if d.get("tokens") is not None:
         title += f", {d['tokens']} tokens"
+    if d.get("attention", "fast") != "fast":
+        title += f", {d['attention']} attention"
     if base_ppl is not None:
         title += f"\nbaseline {base_name} PPL {float(base_ppl):.4f}"
     fig.suptitle(title, fontsize=11)
