@@ -68,10 +68,11 @@ TYPED_TEST(AttentionPaths, EveryHeadDimOnEveryPath) {
       } else {
         EXPECT_LE(max_abs_diff(fast, want), 1e-5 * maxv) << "fast precision";
       }
-      // Every path computes the same integer dot products: only float order (and, at a rounding
-      // tie, one uint8 weight level) may differ between them.
+      // The paths agree closely: the same integer dot products up to float order (and, at a
+      // rounding tie, one uint8 weight level), except where AVX2 computes a key block in float
+      // instead of adding a second int8 query plane (both well inside the tolerance above).
       if (first.empty()) first = fast;
-      else EXPECT_LE(max_abs_diff(fast, first), kIntDot<Cache> ? 2e-3 * mo : 1e-5 * maxv) << "differs from the portable path";
+      else EXPECT_LE(max_abs_diff(fast, first), kIntDot<Cache> ? 1e-2 * mo : 1e-5 * maxv) << "differs from the portable path";
     }
   }
   EXPECT_GE(dims, 3) << "the scheme accepts too few head dims to test";

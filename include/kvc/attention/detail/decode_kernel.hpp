@@ -146,6 +146,7 @@ class DecodeKernel {
     std::int8_t* q8lo;  // [g][d] second query plane (see add_query_lo_plane)
     float* qscale_lo;   // [g]
     float* ecorr;       // [g][d/gc_k] per-token keys: centring term per channel group
+    float* kres;        // [g] block-constant keys: centring term of the int8 rounding
     bool lo_item = false;  // per-token keys: the item's query has a second plane
     float* bias;    // [g]
     float* psum;    // [g]
@@ -187,6 +188,7 @@ class DecodeKernel {
     s.q8lo = reinterpret_cast<std::int8_t*>(take(g * d / 4 + 1));
     s.qscale_lo = take(g);
     s.ecorr = take(g * ncg_k);
+    s.kres = take(g);
     s.bias = take(g);
     s.psum = take(g);
     s.perr = take(g);
@@ -271,7 +273,8 @@ class DecodeKernel {
         s.ecorr[h * ncg + cg] = kCodeMid<KF> * reduce_add(r);
       }
     }
-    s.lo_item = add_query_lo_plane(s, s.qf, s.ecorr, gc);
+    s.lo_item = lo_plane_needed(s, s.qf);
+    if (s.lo_item && !kLoPlaneAsFloat) add_lo_plane(s, s.qf, s.ecorr, gc);
   }
 
   /// Predicted (kernel / quantisation) error ratio above which the fast path's int8 query gets a
@@ -283,24 +286,35 @@ class DecodeKernel {
   /// sqrt(E_c d) / 127 (< 0.1 for 2-bit codes at d <= 128: no check there).
   static constexpr float kLoPlaneRatio = KVC_LO_PLANE_RATIO;
 
-  /// The second plane: r_c = x_c - qscale q8_c (|r_c| <= qscale / 2) rounded to q8lo with step
-  /// qscale_lo = qscale / 254, which leaves a rounding 254x smaller. Added for every head when any
-  /// head's predicted ratio exceeds kLoPlaneRatio (then the key dot runs twice); corr[h][cg] (the
-  /// centring term of each group of gc channels: the bias, gc = d, or ecorr) becomes
-  /// mid * sum_c (r_c - qscale_lo q8lo_c). Returns whether the plane was added.
-  bool add_query_lo_plane(Scratch& s, const float* x, float* corr, int gc) const {
-    const int d = d_, ncg = d / gc;
+  /// Where one plane is not enough, AVX2 computes the key scores with float FMAs over the codes
+  /// (exact) instead of a second integer pass: without VNNI its emulated `vpdpbusd` (vpmaddubsw +
+  /// vpmaddwd + vpaddd) costs more than the float dot (kvc_bench on Zen 1: kivi4 29.9 ms with two
+  /// integer passes, 18.0 ms all-float, 22.0 ms with one pass). AVX-512 VNNI and the portable path
+  /// (which mirrors VNNI's arithmetic) run the second integer pass.
+  static constexpr bool kLoPlaneAsFloat = KVC_ISA_LEVEL_ == 1;
+
+  /// Whether any head's predicted ratio (see kLoPlaneRatio) exceeds kLoPlaneRatio for the int8
+  /// planes s.q8 / s.qscale of x [g][d].
+  bool lo_plane_needed(const Scratch& s, const float* x) const {
+    const int d = d_;
     constexpr float levels = static_cast<float>(1 << KF::kBits);
     constexpr float ec = (levels * levels - 1.0f) / 12.0f;
     constexpr float r2 = kLoPlaneRatio * kLoPlaneRatio;
     if (ec * static_cast<float>(d) <= r2 * 127.0f * 127.0f) return false;
-    bool need = false;
-    for (int h = 0; h < g_ && !need; ++h) {
+    for (int h = 0; h < g_; ++h) {
       F ss = F::zero();
       for (int c = 0; c < d; c += N) ss = fma(F::load(x + std::size_t(h) * d + c), F::load(x + std::size_t(h) * d + c), ss);
-      need = s.qscale[h] * s.qscale[h] * ec * static_cast<float>(d) > r2 * reduce_add(ss);
+      if (s.qscale[h] * s.qscale[h] * ec * static_cast<float>(d) > r2 * reduce_add(ss)) return true;
     }
-    if (!need) return false;
+    return false;
+  }
+
+  /// The second plane, for every head: r_c = x_c - qscale q8_c (|r_c| <= qscale / 2) rounded to
+  /// q8lo with step qscale_lo = qscale / 254, which leaves a rounding 254x smaller (the key dot then
+  /// runs twice). corr[h][cg] (the centring term of each group of gc channels: the bias, gc = d, or
+  /// ecorr) becomes mid * sum_c (r_c - qscale_lo q8lo_c).
+  void add_lo_plane(Scratch& s, const float* x, float* corr, int gc) const {
+    const int d = d_, ncg = d / gc;
     for (int h = 0; h < g_; ++h) {
       const float* xh = x + std::size_t(h) * d;
       const std::int8_t* q8 = s.q8 + std::size_t(h) * d;
@@ -317,7 +331,6 @@ class DecodeKernel {
         corr[h * ncg + cg] += kCodeMid<KF> * reduce_add(left - rs);
       }
     }
-    return true;
   }
 
   /// Rounds x[0..n) (|x| <= mx) to bytes, int8 in [-levels, levels] or uint8 in [0, levels], with
@@ -447,7 +460,8 @@ class DecodeKernel {
       if constexpr (!KF::kPerTokenScale) {
         // Scales and zeros constant over the block's tokens: fold them into the query.
         const int gc = KF::group_channels(d);
-        if (!fold_query_fast(s)) {  // the generic fold, unless the AVX-512 one applied
+        const bool fast_fold = fold_query_fast(s);
+        if (!fast_fold) {  // the generic fold, unless the AVX-512 one applied
           for (int h = 0; h < g_; ++h) {
             const float* q = s.qf + std::size_t(h) * d;
             float* f = s.fold + std::size_t(h) * d;
@@ -460,14 +474,21 @@ class DecodeKernel {
               bias = fma(qv, zc, bias);
               mx = max(mx, abs(fv));
             }
+            s.bias[h] = reduce_add(bias);  // sum_c q_c z_c; the int8 rounding's centring term apart:
             if constexpr (kInt<KF>)
-              bias = fma(round_to_bytes(f, d, reduce_max(mx), 127.0f, s.q8 + std::size_t(h) * d, s.qscale[h]),
-                         F::set1(kCodeMid<KF>), bias);
-            s.bias[h] = reduce_add(bias);
+              s.kres[h] = kCodeMid<KF> * reduce_add(round_to_bytes(f, d, reduce_max(mx), 127.0f,
+                                                                    s.q8 + std::size_t(h) * d, s.qscale[h]));
           }
         }
         if constexpr (kInt<KF>) {
-          const bool lo = add_query_lo_plane(s, s.fold, s.bias, d);
+          const bool lo = lo_plane_needed(s, s.fold);
+          if (kLoPlaneAsFloat && lo) {  // exact float scores for this block
+            float_key_dot<kQuads<KF>>(s, s.ktile, s.fold, 0, d, nullptr, nullptr, true);
+            return;
+          }
+          if (!fast_fold)
+            for (int h = 0; h < g_; ++h) s.bias[h] += s.kres[h];
+          if (lo) add_lo_plane(s, s.fold, s.bias, d);
           int_key_dot(s, 0, d, s.q8, [&](int h, int t, F dot) {
             (dot * F::set1(s.qscale[h]) + F::set1(s.bias[h])).store(s.sc + std::size_t(h) * B + t);
           });
@@ -486,20 +507,24 @@ class DecodeKernel {
         for (int cg = 0; cg < ncg; ++cg) {
           const float* zrow = s.kzero + std::size_t(cg) * B;
           const float* srow = s.kscale + std::size_t(cg) * B;
-          if constexpr (kInt<KF>) {
-            // score += s_t (qscale dot + centring) + z_t qsum, per channel group.
-            int_key_dot(s, cg * gc, (cg + 1) * gc, s.q8, [&](int h, int t, F dot) {
-              float* o = s.sc + std::size_t(h) * B + t;
-              const std::size_t i = std::size_t(h) * ncg + cg;
-              fma(fma(dot, F::set1(s.qscale[h]), F::set1(s.ecorr[i])), F::load(srow + t),
-                  fma(F::set1(s.qsum[i]), F::load(zrow + t), F::load(o)))
-                  .store(o);
-            });
-            if (s.lo_item)
-              int_key_dot(s, cg * gc, (cg + 1) * gc, s.q8lo, [&](int h, int t, F dot) {
+          bool int_dot = false;
+          if constexpr (kInt<KF>) int_dot = !(kLoPlaneAsFloat && s.lo_item);
+          if (int_dot) {
+            if constexpr (kInt<KF>) {
+              // score += s_t (qscale dot + centring) + z_t qsum, per channel group.
+              int_key_dot(s, cg * gc, (cg + 1) * gc, s.q8, [&](int h, int t, F dot) {
                 float* o = s.sc + std::size_t(h) * B + t;
-                fma(dot * F::set1(s.qscale_lo[h]), F::load(srow + t), F::load(o)).store(o);
+                const std::size_t i = std::size_t(h) * ncg + cg;
+                fma(fma(dot, F::set1(s.qscale[h]), F::set1(s.ecorr[i])), F::load(srow + t),
+                    fma(F::set1(s.qsum[i]), F::load(zrow + t), F::load(o)))
+                    .store(o);
               });
+              if (s.lo_item)
+                int_key_dot(s, cg * gc, (cg + 1) * gc, s.q8lo, [&](int h, int t, F dot) {
+                  float* o = s.sc + std::size_t(h) * B + t;
+                  fma(dot * F::set1(s.qscale_lo[h]), F::load(srow + t), F::load(o)).store(o);
+                });
+            }
           } else {
             float_key_dot<kQuads<KF>>(s, s.ktile, s.qf, cg * gc, (cg + 1) * gc, srow, zrow, false, cg, ncg);
           }
