@@ -175,8 +175,9 @@ KernelFns<Layout> kernel_fns(Isa isa) noexcept {
 }
 }  // namespace detail
 
-/// Checks AttentionOptions (throws kvc::Error naming the bad field).
-inline void validate(const AttentionOptions& opt) {
+/// Checks AttentionOptions (throws kvc::Error naming the bad field); returns the SIMD path they
+/// resolve to (see resolve_isa).
+inline Isa validate(const AttentionOptions& opt) {
   KVC_CHECK(std::isfinite(opt.scale) && opt.scale >= 0.0f, Errc::kInvalidArgument, "AttentionOptions::scale ",
             opt.scale, " is not a finite value >= 0 (0 means 1/sqrt(head_dim))");
   KVC_CHECK(opt.num_threads >= 0, Errc::kInvalidArgument, "AttentionOptions::num_threads ", opt.num_threads,
@@ -185,7 +186,7 @@ inline void validate(const AttentionOptions& opt) {
             opt.min_blocks_per_split, " is not >= 1");
   KVC_CHECK(opt.precision == Precision::kFast || opt.precision == Precision::kExact, Errc::kInvalidArgument,
             "AttentionOptions::precision ", static_cast<int>(opt.precision), " is not a kvc::Precision");
-  (void)resolve_isa(opt.isa);
+  return resolve_isa(opt.isa);
 }
 
 
@@ -212,13 +213,13 @@ void decode_attention(const typename Layout::Params& p, QueryView q, OutputView 
         KVC_CHECK(std::isfinite(q.row(s, h)[c]), Errc::kNonFinite, "query sequence ", s, " head ", h, " channel ", c,
                   " is not finite");
 
-  validate(opt);
+  const Isa isa = validate(opt);
 
   const int g = q.dim1 / p.kv_heads, d = p.head_dim, nseq = q.dim0;
   const float scale = (opt.scale > 0.0f ? opt.scale : 1.0f / std::sqrt(static_cast<float>(d))) * detail::kLog2e;
   const detail::KernelFns<Layout> fns = opt.precision == Precision::kExact
-                                            ? detail::kernel_fns<Layout, true>(resolve_isa(opt.isa))
-                                            : detail::kernel_fns<Layout, false>(resolve_isa(opt.isa));
+                                            ? detail::kernel_fns<Layout, true>(isa)
+                                            : detail::kernel_fns<Layout, false>(isa);
 #if KVC_HAS_OPENMP()
   const int threads = opt.num_threads > 0 ? opt.num_threads : omp_get_max_threads();
 #else

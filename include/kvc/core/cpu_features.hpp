@@ -53,7 +53,8 @@ inline constexpr bool isa_compiled(Isa isa) noexcept {
 }
 
 namespace detail {
-inline bool cpu_runs(Isa isa) noexcept {
+/// CPUID and XCR0 read for `isa` (cpu_runs caches it: CPUID traps to the hypervisor on a VM).
+inline bool detect_cpu_runs(Isa isa) noexcept {
 #if KVC_HAS_ISA_DISPATCH()
   __builtin_cpu_init();  // safe to repeat; needed when called before libgcc's constructor ran
   switch (isa) {
@@ -67,12 +68,23 @@ inline bool cpu_runs(Isa isa) noexcept {
       // Also checks that the OS saves the ZMM/opmask state (libgcc / compiler-rt read XCR0).
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-             __builtin_cpu_supports("avx512vnni") && cpu_runs(Isa::kAvx2);
+             __builtin_cpu_supports("avx512vnni") && detect_cpu_runs(Isa::kAvx2);
     default: return isa == Isa::kPortable;
   }
 #else
   return isa == Isa::kPortable;
 #endif
+}
+
+/// Whether this CPU runs `isa` (read once per process).
+inline bool cpu_runs(Isa isa) noexcept {
+  static const bool avx2 = detect_cpu_runs(Isa::kAvx2), avx512 = detect_cpu_runs(Isa::kAvx512);
+  switch (isa) {
+    case Isa::kPortable: return true;
+    case Isa::kAvx2: return avx2;
+    case Isa::kAvx512: return avx512;
+    default: return false;
+  }
 }
 
 /// Parses a KVC_FORCE_ISA value; kAuto for an unknown one (the caller reports it).

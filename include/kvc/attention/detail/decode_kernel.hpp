@@ -253,15 +253,14 @@ class DecodeKernel {
     }
   }
 
-  /// Per-token key groups: the int8 query is fixed for the whole item.
-  /// Per group: qsum = sum_c q_c and the centring term ecorr = mid * sum_c (q_c - qscale q8_c), which
+  /// Per-token key groups: the int8 query is fixed for the whole item. Per group: qsum = sum_c q_c and the centring term ecorr = mid * sum_c (q_c - qscale q8_c), which
   /// the per-token scale multiplies like the integer sum; then the second plane if it is needed.
   void prepare_query_int8(Scratch& s) const {
     const int d = d_, gc = KF::group_channels(d_), ncg = d / gc;
     for (int h = 0; h < g_; ++h) {
       const float* q = s.qf + std::size_t(h) * d;
-      const std::int8_t* q8 = s.q8 + std::size_t(h) * d;
-      quantize_row_i8(q, s.q8 + std::size_t(h) * d, s.qscale[h]);
+      std::int8_t* q8 = s.q8 + std::size_t(h) * d;
+      quantize_row_i8(q, q8, s.qscale[h]);
       const F qs = F::set1(s.qscale[h]);
       for (int cg = 0; cg < ncg; ++cg) {
         F a = F::zero(), r = F::zero();
