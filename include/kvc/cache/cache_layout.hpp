@@ -6,7 +6,9 @@
 /// Per layer, sequence and KV head, a stream of tokens is stored as:
 ///  - sink:   the first `Sink` tokens, token-major, selector storage W (fp16 by default);
 ///  - blocks: quantized blocks of B tokens, in token order, each [codes][lo x G][step x G] (fp16
-///            metadata planes, G groups), padded to 64 bytes; identity blocks hold raw elements;
+///            metadata planes, G groups), then, with GEAR's corrections, the correction region at
+///            the next multiple of 16 bytes (gear/block_correction.hpp), padded to 64 bytes; identity
+///            blocks hold raw elements;
 ///  - ring:   the newest not-yet-quantized tokens (at most Recent + B - 1), token-major, slot
 ///            (pos - Sink) mod (Recent + B).
 /// Codes inside a block are in kernel order, chosen per side for the dot product that reads them:
@@ -22,6 +24,7 @@
 #include <kvc/core/bit_packing.hpp>
 #include <kvc/core/concepts.hpp>
 #include <kvc/core/numeric.hpp>
+#include <kvc/gear/block_correction.hpp>
 #include <kvc/quant/codec.hpp>
 
 #include <cstddef>
@@ -43,10 +46,15 @@ struct identity_storage<Q, std::void_t<typename Q::storage>> {
 };
 }  // namespace detail
 
-/// Storage format of one side's blocks. Host+device.
-template <Quantizer Q, Side S, int B>
+/// Storage format of one side's blocks: the quantizer's codes and metadata, then the correction
+/// region of `Corr` (NoCorrection, or GEAR's BlockCorrection). Host+device.
+template <Quantizer Q, Side S, int B, class Corr = NoCorrection>
 struct BlockFormat {
+  static_assert(!Corr::kActive || !Q::kIsIdentity,
+                "kvc: outlier and low-rank corrections apply to quantized sides only");
   using quantizer = Q;
+  using correction = Corr;
+  static constexpr bool kCorrected = Corr::kActive;
   static constexpr Side kSide = S;
   static constexpr int kBlockTokens = B;
   static constexpr bool kIdentity = Q::kIsIdentity;
@@ -69,10 +77,21 @@ struct BlockFormat {
   KVC_HOST_DEVICE static constexpr std::size_t code_bytes(int d) noexcept {
     return kIdentity ? std::size_t(B) * d * sizeof(element) : packed_bytes(std::size_t(B) * d, kBits);
   }
-  /// Bytes of one block including metadata, padded to 64.
+  /// Bytes of the codes and metadata planes.
+  KVC_HOST_DEVICE static constexpr std::size_t backbone_bytes(int d) noexcept {
+    return code_bytes(d) + 2u * sizeof(half_t) * static_cast<std::size_t>(groups(d));
+  }
+  /// Offset of the correction region (16-byte aligned).
+  KVC_HOST_DEVICE static constexpr std::size_t correction_offset(int d) noexcept {
+    return (backbone_bytes(d) + 15u) / 16u * 16u;
+  }
+  /// Bytes of one block including metadata and corrections, padded to 64.
   KVC_HOST_DEVICE static constexpr std::size_t block_bytes(int d) noexcept {
-    const std::size_t raw = code_bytes(d) + 2u * sizeof(half_t) * static_cast<std::size_t>(groups(d));
+    const std::size_t raw = kCorrected ? correction_offset(d) + Corr::bytes(B, d) : backbone_bytes(d);
     return (raw + 63u) / 64u * 64u;
+  }
+  KVC_HOST_DEVICE static const std::byte* correction_region(const std::byte* block, int d) noexcept {
+    return block + correction_offset(d);
   }
   /// Position of element (t, c) in the block's kernel order.
   KVC_HOST_DEVICE static constexpr std::size_t index(int t, int c, int d) noexcept {
@@ -106,13 +125,24 @@ struct BlockFormat {
       return a.zero + a.scale * static_cast<float>(code);
     }
   }
+  /// The quantizer's reconstruction of the block without corrections, x[t * d + c]. Host+device.
+  KVC_HOST_DEVICE static void decode_backbone(const std::byte* block, int d, float* x) noexcept {
+    for (int t = 0; t < B; ++t)
+      for (int c = 0; c < d; ++c) x[std::size_t(t) * d + c] = decode(block, t, c, d);
+  }
+  /// What the block holds, x[t * d + c] (backbone plus corrections). Host+device.
+  KVC_HOST_DEVICE static void decode_block(const std::byte* block, int d, float* x) noexcept {
+    decode_backbone(block, d, x);
+    if constexpr (kCorrected) Corr::add_to(correction_region(block, d), B, d, x);
+  }
 };
 
-/// Compile-time description of a cache: key/value block formats and the full-precision selector.
-template <Quantizer KQ, Quantizer VQ, Selector Sel, int B>
+/// Compile-time description of a cache: key/value block formats (with their corrections) and the
+/// full-precision selector.
+template <Quantizer KQ, Quantizer VQ, Selector Sel, int B, class KCorr = NoCorrection, class VCorr = NoCorrection>
 struct CacheLayout {
-  using key_format = BlockFormat<KQ, Side::kKey, B>;
-  using value_format = BlockFormat<VQ, Side::kValue, B>;
+  using key_format = BlockFormat<KQ, Side::kKey, B, KCorr>;
+  using value_format = BlockFormat<VQ, Side::kValue, B, VCorr>;
   using selector = Sel;
   using window_t = typename Sel::storage;
   static constexpr int kBlockTokens = B;

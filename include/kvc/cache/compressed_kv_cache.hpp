@@ -10,6 +10,8 @@
 #include <kvc/core/error.hpp>
 #include <kvc/core/numeric.hpp>
 #include <kvc/core/view.hpp>
+#include <kvc/gear/block_correction.hpp>
+#include <kvc/gear/host_linalg.hpp>
 #include <kvc/quant/codec.hpp>
 #include <kvc/quant/no_quantizer.hpp>
 #include <kvc/select/full_precision_window.hpp>
@@ -68,6 +70,16 @@ struct resolve_policies {
   static constexpr int kRequired = key_q::kRequiredBlockTokens != 0 ? key_q::kRequiredBlockTokens
                                                                      : value_q::kRequiredBlockTokens;
   using block = typename find_policy<kind::block_layout, BlockTokens<kRequired != 0 ? kRequired : 32>, P...>::type;
+
+  // GEAR's corrections (void when absent), applied to every quantized side.
+  using outliers = typename find_policy<kind::outlier_filter, void, P...>::type;
+  using residual = typename find_policy<kind::residual, void, P...>::type;
+  static constexpr bool kCorrected = !std::is_void_v<outliers> || !std::is_void_v<residual>;
+  template <class Q, bool Keys>
+  using correction_of = std::conditional_t<kCorrected && !Q::kIsIdentity, BlockCorrection<outliers, residual, Keys>,
+                                           NoCorrection>;
+  using key_corr = correction_of<key_q, true>;
+  using value_corr = correction_of<value_q, false>;
 };
 }  // namespace detail
 
@@ -84,10 +96,13 @@ template <class... P>
 class CompressedKVCache {
   using R = detail::resolve_policies<P...>;
   static_assert(R::kOk);  // the messages come from detail::check_policies
-  static_assert(detail::count_kind<kind::outlier_filter, P...> == 0,
-                "kvc: outlier-filter policies are not supported by CompressedKVCache yet");
-  static_assert(detail::count_kind<kind::residual, P...> == 0,
-                "kvc: residual (low-rank) policies are not supported by CompressedKVCache yet");
+  static_assert(std::is_void_v<typename R::outliers> || requires { R::outliers::per_side(1); },
+                "kvc: the outlier-filter policy must be kvc::OutlierFilter<s> (or provide its interface)");
+  static_assert(std::is_void_v<typename R::residual> || requires { R::residual::rank(true, 1, 1); },
+                "kvc: the residual policy must be kvc::LowRankResidual<...> (or provide its interface)");
+  static_assert(!R::kCorrected || !(R::key_q::kIsIdentity && R::value_q::kIsIdentity),
+                "kvc: OutlierFilter / LowRankResidual correct a quantized backbone; this cache quantizes neither "
+                "keys nor values");
   static_assert(detail::count_kind<kind::loader, P...> == 0,
                 "kvc: loader policies are not supported by CompressedKVCache yet");
 
@@ -96,7 +111,10 @@ class CompressedKVCache {
   using value_quantizer = typename R::value_q;
   using selector = typename R::selector;
   static constexpr int kBlockTokens = R::block::kTokens;
-  using layout = CacheLayout<key_quantizer, value_quantizer, selector, kBlockTokens>;
+  using outlier_filter = typename R::outliers;  ///< void when absent
+  using residual = typename R::residual;        ///< void when absent
+  using layout = CacheLayout<key_quantizer, value_quantizer, selector, kBlockTokens, typename R::key_corr,
+                             typename R::value_corr>;
   using params_type = typename layout::Params;
   using key_format = typename layout::key_format;
   using value_format = typename layout::value_format;
@@ -119,6 +137,8 @@ class CompressedKVCache {
               " is not a multiple of 16");
     check_groups<key_quantizer>("key");
     check_groups<value_quantizer>("value");
+    check_correction<key_format>("key");
+    check_correction<value_format>("value");
     const int S = selector::kSink, Rw = selector::kRecent;
     cap_blocks_ = cfg.capacity > S + Rw ? (cfg.capacity - S - Rw) / kBlockTokens : 0;
     const std::size_t streams = std::size_t(cfg.layers) * cfg.batch * cfg.kv_heads;
@@ -130,6 +150,10 @@ class CompressedKVCache {
     k_ring_ = AlignedBuffer<window_t>(streams * layout::kRingTokens * d);
     v_ring_ = AlignedBuffer<window_t>(streams * layout::kRingTokens * d);
     lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
+    if constexpr (kWarmStart) {
+      warm_k_.assign(streams * d * key_format::correction::rank(kBlockTokens, cfg.head_dim), 0.0f);
+      warm_v_.assign(streams * d * value_format::correction::rank(kBlockTokens, cfg.head_dim), 0.0f);
+    }
   }
 
   [[nodiscard]] const CacheConfig& config() const noexcept { return cfg_; }
@@ -175,8 +199,8 @@ class CompressedKVCache {
       const int nb = selector::quantized_blocks(pos, B);  // blocks before this token
       if (pos >= S && n - S - nb * B == Rw + B) {
         for (int h = 0; h < cfg_.kv_heads; ++h) {
-          quantize_block<key_format>(p, Side::kKey, seq, h, nb, p.key_block(seq, h, nb));
-          quantize_block<value_format>(p, Side::kValue, seq, h, nb, p.value_block(seq, h, nb));
+          quantize_block<key_format>(p, Side::kKey, layer, seq, h, nb, p.key_block(seq, h, nb));
+          quantize_block<value_format>(p, Side::kValue, layer, seq, h, nb, p.value_block(seq, h, nb));
         }
       }
     }
@@ -253,29 +277,34 @@ class CompressedKVCache {
   void dequantize(int layer, int seq, float* k, float* v) const {
     const int n = length(layer, seq);
     const params_type p = params(layer);
-    const int nb = selector::quantized_blocks(n, kBlockTokens), S = selector::kSink, d = cfg_.head_dim;
-    for (int pos = 0; pos < n; ++pos)
-      for (int h = 0; h < cfg_.kv_heads; ++h) {
-        float* kr = k + (std::size_t(pos) * cfg_.kv_heads + h) * d;
-        float* vr = v + (std::size_t(pos) * cfg_.kv_heads + h) * d;
-        const int blk = pos < S ? -1 : (pos - S) / kBlockTokens;
-        if (blk >= 0 && blk < nb) {
-          const int t = (pos - S) % kBlockTokens;
-          for (int c = 0; c < d; ++c) {
-            kr[c] = key_format::decode(p.key_block(seq, h, blk), t, c, d);
-            vr[c] = value_format::decode(p.value_block(seq, h, blk), t, c, d);
-          }
-        } else {
-          convert(p.fp_row(Side::kKey, seq, h, pos), kr, std::size_t(d));
-          convert(p.fp_row(Side::kValue, seq, h, pos), vr, std::size_t(d));
+    const int nb = selector::quantized_blocks(n, kBlockTokens), S = selector::kSink, d = cfg_.head_dim, H = cfg_.kv_heads;
+    std::vector<float> kx(std::size_t(kBlockTokens) * d), vx(kx.size());
+    for (int h = 0; h < H; ++h)
+      for (int blk = 0; blk < nb; ++blk) {
+        key_format::decode_block(p.key_block(seq, h, blk), d, kx.data());
+        value_format::decode_block(p.value_block(seq, h, blk), d, vx.data());
+        for (int t = 0; t < kBlockTokens; ++t) {
+          const std::size_t row = (std::size_t(S + blk * kBlockTokens + t) * H + h) * d;
+          std::copy_n(kx.data() + std::size_t(t) * d, d, k + row);
+          std::copy_n(vx.data() + std::size_t(t) * d, d, v + row);
         }
       }
+    for (int pos = 0; pos < n; ++pos) {
+      if (pos >= S && pos < S + nb * kBlockTokens) continue;
+      for (int h = 0; h < H; ++h) {
+        convert(p.fp_row(Side::kKey, seq, h, pos), k + (std::size_t(pos) * H + h) * d, std::size_t(d));
+        convert(p.fp_row(Side::kValue, seq, h, pos), v + (std::size_t(pos) * H + h) * d, std::size_t(d));
+      }
+    }
   }
 
   /// Largest |x| an input may hold: the window storage's range, and for quantized sides what fp16
-  /// metadata can span (1-bit endpoint steps equal the whole range, so half of it).
+  /// metadata can span (1-bit endpoint steps equal the whole range, so half of it). With GEAR's
+  /// corrections, half of that again: an outlier stores x - x^ in fp16, up to twice the input range.
   [[nodiscard]] static constexpr float input_limit() noexcept {
-    return std::min({StorageTraits<window_t>::kMax, side_limit<key_quantizer>(), side_limit<value_quantizer>()});
+    const float limit =
+        std::min({StorageTraits<window_t>::kMax, side_limit<key_quantizer>(), side_limit<value_quantizer>()});
+    return R::kCorrected ? limit / 2 : limit;
   }
 
  private:
@@ -316,21 +345,30 @@ class CompressedKVCache {
       }
   }
 
-  /// Compresses block `blk` of one stream from its full-precision ring rows into `dst`.
+  /// Compresses block `blk` of one stream from its full-precision ring rows into `dst`: with an
+  /// outlier filter, the outliers are selected first and the backbone's statistics taken over the
+  /// inliers; with corrections, the region after the backbone is fitted to what it left (SPEC §1.3).
   template <class F>
-  void quantize_block(const params_type& p, Side side, int seq, int head, int blk, std::byte* dst) const {
+  void quantize_block(const params_type& p, Side side, int layer, int seq, int head, int blk, std::byte* dst) {
     constexpr int B = kBlockTokens;
     const int d = cfg_.head_dim, first = selector::kSink + blk * B;
-    const window_t* rows[B];
-    for (int t = 0; t < B; ++t) rows[t] = p.fp_row(side, seq, head, first + t);
+    std::vector<float> x(std::size_t(B) * d);
+    for (int t = 0; t < B; ++t) convert(p.fp_row(side, seq, head, first + t), x.data() + std::size_t(t) * d, std::size_t(d));
     if constexpr (F::kIdentity) {
       using T = typename F::element;
       T* out = reinterpret_cast<T*>(dst);
       for (int t = 0; t < B; ++t)
-        for (int c = 0; c < d; ++c)
-          out[F::index(t, c, d)] = StorageTraits<T>::store(StorageTraits<window_t>::load(rows[t][c]));
+        for (int c = 0; c < d; ++c) out[F::index(t, c, d)] = StorageTraits<T>::store(x[std::size_t(t) * d + c]);
     } else {
       using Q = typename F::quantizer;
+      using C = typename F::correction;
+      std::vector<std::uint32_t> out_idx;
+      std::vector<std::uint8_t> outlier;
+      if constexpr (C::kActive && C::kOutliers) {
+        out_idx = select_outliers(x.data(), x.size(), std::size_t(C::outliers(B, d) / 2));
+        outlier.assign(x.size(), 0);
+        for (std::uint32_t i : out_idx) outlier[i] = 1;
+      }
       std::vector<std::uint8_t> codes(std::size_t(B) * d);
       auto* lo = reinterpret_cast<half_t*>(dst + F::code_bytes(d));
       half_t* step = lo + F::groups(d);
@@ -338,21 +376,58 @@ class CompressedKVCache {
       for (int cg = 0; cg < d / gc; ++cg)
         for (int tg = 0; tg < B / gt; ++tg) {
           const int t0 = tg * gt, c0 = cg * gc;
-          const QuantMeta m = quantize_group<typename Q::codec>(
-              gt, gc, Q::kBits, [&](int r, int c) { return StorageTraits<window_t>::load(rows[t0 + r][c0 + c]); },
-              [&](int r, int c, std::uint8_t code) { codes[F::index(t0 + r, c0 + c, d)] = code; });
+          auto at = [&](int r, int c) { return x[std::size_t(t0 + r) * d + c0 + c]; };
+          auto put = [&](int r, int c, std::uint8_t code) { codes[F::index(t0 + r, c0 + c, d)] = code; };
+          auto keep = [&](int r, int c) { return outlier.empty() || !outlier[std::size_t(t0 + r) * d + c0 + c]; };
+          const QuantMeta m = quantize_group_masked<typename Q::codec>(gt, gc, Q::kBits, at, put, keep);
           const int g = F::group_of(t0, c0, d);
           lo[g] = m.lo;
           step[g] = m.step;
         }
       pack_codes(codes.data(), codes.size(), Q::kBits, reinterpret_cast<std::uint8_t*>(dst));
+      if constexpr (C::kActive) {
+        std::vector<float> xhat(x.size());
+        F::decode_backbone(dst, d, xhat.data());
+        float* basis = nullptr;
+        if constexpr (kWarmStart) {
+          const std::size_t r = std::size_t(C::rank(B, d)), stream = (std::size_t(layer) * cfg_.batch + seq) * cfg_.kv_heads + head;
+          basis = (side == Side::kKey ? warm_k_.data() : warm_v_.data()) + stream * d * r;
+        }
+        // A fixed seed per (layer, sequence, head, block, side): compression is reproducible.
+        const std::uint64_t seed = ((((std::uint64_t(layer) * 0x100000001B3ull + std::uint64_t(seq)) * 0x9E3779B1ull +
+                                      std::uint64_t(head)) * 0x85EBCA77ull + std::uint64_t(blk)) << 1) |
+                                   (side == Side::kKey ? 0u : 1u);
+        HostLinalg la;
+        C::fit(x.data(), xhat.data(), out_idx.data(), B, d, dst + F::correction_offset(d), la, basis,
+               kWarmStart && blk > 0, seed);
+      }
     }
   }
+
+  /// Rejects correction parameters the head dimension cannot serve (rank, 16-bit outlier indices).
+  template <class F>
+  void check_correction(const char* side) const {
+    using C = typename F::correction;
+    if constexpr (C::kActive) {
+      const int B = kBlockTokens, d = cfg_.head_dim;
+      KVC_CHECK(C::rank(B, d) <= std::min(B, d), Errc::kInvalidArgument, side, " low-rank residual rank ",
+                C::rank(B, d), " exceeds min(block tokens, head_dim) = min(", B, ", ", d, ")");
+      KVC_CHECK(C::outliers(B, d) == 0 || std::int64_t(B) * d <= 65536, Errc::kInvalidArgument, side,
+                " outliers use 16-bit in-block indices, but a block holds ", std::int64_t(B) * d,
+                " > 65536 entries (BlockTokens x head_dim)");
+    }
+  }
+
+  static constexpr bool kWarmStart = [] {
+    if constexpr (std::is_void_v<residual>) return false;
+    else return residual::kInit == LowRankInit::kWarm;
+  }();
 
   CacheConfig cfg_;
   int cap_blocks_ = 0;
   AlignedBuffer<std::byte> k_blocks_, v_blocks_;
   AlignedBuffer<window_t> k_sink_, v_sink_, k_ring_, v_ring_;
   std::vector<int> lengths_;
+  std::vector<float> warm_k_, warm_v_;  // LowRankInit::kWarm: each stream's last basis B (d x r)
 };
 }  // namespace kvc

@@ -85,16 +85,20 @@ concept Codec = requires(float x, QuantMeta m, int b) {
   { C::kZeroOffset } -> std::convertible_to<float>;
 };
 
-/// Quantizes one group of rows x cols values given by an accessor `at(r, c)`: writes codes through
-/// `put(r, c, code)` and returns the group's metadata. Host+device.
-template <Codec C, class At, class Put>
-KVC_HOST_DEVICE QuantMeta quantize_group(int rows, int cols, int bits, At&& at, Put&& put) noexcept {
-  float lo = at(0, 0), hi = lo;
+/// quantize_group with the statistics (lo, hi) taken over the elements where `keep(r, c)` holds
+/// (GEAR: the inliers); every element is still encoded (the others clamp to the range). A group
+/// with no kept element gets lo = hi = 0. Host+device.
+template <Codec C, class At, class Put, class Keep>
+KVC_HOST_DEVICE QuantMeta quantize_group_masked(int rows, int cols, int bits, At&& at, Put&& put, Keep&& keep) noexcept {
+  bool any = false;
+  float lo = 0.0f, hi = 0.0f;
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < cols; ++c) {
+      if (!keep(r, c)) continue;
       const float x = at(r, c);
-      lo = x < lo ? x : lo;
-      hi = x > hi ? x : hi;
+      lo = !any || x < lo ? x : lo;
+      hi = !any || x > hi ? x : hi;
+      any = true;
     }
   const QuantMeta m = C::make_meta(lo, hi, bits);
   const float step = m.step.to_float();
@@ -102,5 +106,12 @@ KVC_HOST_DEVICE QuantMeta quantize_group(int rows, int cols, int bits, At&& at, 
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < cols; ++c) put(r, c, C::encode(at(r, c), m, inv, bits));
   return m;
+}
+
+/// Quantizes one group of rows x cols values given by an accessor `at(r, c)`: writes codes through
+/// `put(r, c, code)` and returns the group's metadata. Host+device.
+template <Codec C, class At, class Put>
+KVC_HOST_DEVICE QuantMeta quantize_group(int rows, int cols, int bits, At&& at, Put&& put) noexcept {
+  return quantize_group_masked<C>(rows, cols, bits, at, put, [](int, int) { return true; });
 }
 }  // namespace kvc

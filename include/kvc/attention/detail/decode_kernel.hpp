@@ -166,6 +166,7 @@ class DecodeKernel {
     float* kzero;  // [groups_k]
     float* kscale;
     float* vzero;  // [groups_v]
+    float* cwork;  // the corrections' epilogue scratch (gear/block_correction.hpp)
     float* vscale;
   };
 
@@ -208,6 +209,7 @@ class DecodeKernel {
     s.kscale = take(gk);
     s.vzero = take(gv);
     s.vscale = take(gv);
+    s.cwork = take(std::max(KF::correction::work_floats(B, d_), VF::correction::work_floats(B, d_)) + 1);
     return s;
   }
 
@@ -440,10 +442,29 @@ class DecodeKernel {
   }
 
   // ---------------------------------------------------------------- one block
+  /// The policies' per-block corrections (GEAR's outliers and low-rank factors) run as epilogues of
+  /// the scores (before the softmax) and of the value accumulation (same probabilities).
   void block(Scratch& s, Item& it, const std::byte* kb, const std::byte* vb) const {
     key_scores(s, kb);
+    if constexpr (KF::kCorrected)
+      KF::correction::add_scores(KF::correction_region(kb, d_), widen_correction<KF>(s, kb), B, d_, s.qf, g_, s.sc, B);
     softmax_update(s, it, B);
+    if constexpr (VF::kCorrected)
+      VF::correction::add_output(VF::correction_region(vb, d_), widen_correction<VF>(s, vb), B, d_, s.sc, g_, B,
+                                 it.acc);
     value_accumulate(s, it, vb);
+  }
+
+  /// A block's correction payload (fp16) widened to float into s.cwork with this path's conversion.
+  template <class Fmt>
+  const float* widen_correction(Scratch& s, const std::byte* blk) const {
+    using C = typename Fmt::correction;
+    const half_t* h = C::halves(Fmt::correction_region(blk, d_), B, d_);
+    const int n = C::half_count(B, d_);
+    int i = 0;
+    for (; i + N <= n; i += N) F::load(h + i).store(s.cwork + i);
+    for (; i < n; ++i) s.cwork[i] = h[i].to_float();
+    return s.cwork;
   }
 
   /// s.sc[h][t] = q_h . k_t for the B tokens of a key block.

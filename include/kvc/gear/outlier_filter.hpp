@@ -1,0 +1,104 @@
+// kvc: nvcc-safe
+/// \file outlier_filter.hpp
+/// GEAR's sparse outlier filter (SPEC §1.3 step 1, §0.4, G5, G7): the signed top s/2 and bottom s/2
+/// of a block's entries stay exact; the backbone quantizer's statistics are taken over the inliers.
+///
+/// Scope: one block (BlockTokens x head_dim) of one KV head [default, SPEC G1/G6 block mode].
+/// Storage per block and side, 4 bytes per outlier (SPEC G7: blocked 16-bit local indices):
+///   [uint16 index x n][fp16 value x n],  index = t * head_dim + c, ascending, n = 2 * per_side.
+/// The stored value is the correction x - D^(t, c) (the exact entry minus what the backbone's code
+/// at that position decodes to), so backbone + outliers reproduce x to fp16 rounding there and the
+/// backbone needs no mask in the attention kernels (SPEC G5 "masked" convention).
+#pragma once
+
+#include <kvc/config.hpp>
+#include <kvc/core/concepts.hpp>
+#include <kvc/core/numeric.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+namespace kvc {
+
+/// \tparam BasisPoints the outlier fraction s in 1/10000 (200 = 2 %, GEAR's default), split s/2 to
+///         the largest and s/2 to the smallest signed entries: per_side = floor(B * d * s / 2).
+template <int BasisPoints = 200>
+struct OutlierFilter {
+  static_assert(BasisPoints > 0 && BasisPoints < 10000,
+                "kvc::OutlierFilter<BasisPoints>: the outlier fraction s = BasisPoints / 10000 must lie in (0, 1)");
+  using policy_kind = kind::outlier_filter;
+  static constexpr int kBasisPoints = BasisPoints;
+  static constexpr double kFraction = BasisPoints / 10000.0;
+  static constexpr const char* name() noexcept { return "outliers"; }
+
+  /// Outliers kept on each side (largest / smallest) of a block of `elements` entries. Host+device.
+  KVC_HOST_DEVICE static constexpr int per_side(int elements) noexcept {
+    return static_cast<int>(static_cast<long long>(elements) * BasisPoints / 20000);
+  }
+  /// Outliers stored per block (both sides).
+  KVC_HOST_DEVICE static constexpr int count(int block_tokens, int d) noexcept { return 2 * per_side(block_tokens * d); }
+  /// Bytes of a block's outlier region (a multiple of 4).
+  KVC_HOST_DEVICE static constexpr std::size_t bytes(int block_tokens, int d) noexcept {
+    return std::size_t(count(block_tokens, d)) * (sizeof(std::uint16_t) + sizeof(half_t));
+  }
+  KVC_HOST_DEVICE static const std::uint16_t* indices(const std::byte* region) noexcept {
+    return reinterpret_cast<const std::uint16_t*>(region);
+  }
+  KVC_HOST_DEVICE static const half_t* values(const std::byte* region, int n) noexcept {
+    return reinterpret_cast<const half_t*>(region + std::size_t(n) * sizeof(std::uint16_t));
+  }
+
+  /// Token t of in-block index i = t * d + c without an integer division (a float product with the
+  /// rounded 1/d: its error, < 2^-22 * t, stays far below the 0.5 / d margin for every i < 65536 and
+  /// d a multiple of 16; checked exhaustively in test_gear.cpp).
+  KVC_HOST_DEVICE static int token_of(int i, float inv_d) noexcept {
+    return static_cast<int>((static_cast<float>(i) + 0.5f) * inv_d);
+  }
+  /// Score epilogue: sc[h * ld + t] += val[o] * q[h * d + c] for every outlier o at (t, c), h < g.
+  /// `val`: the n values widened to float (the caller's conversion, see BlockCorrection).
+  KVC_HOST_DEVICE static void add_scores(const std::uint16_t* idx, const float* val, int n, int d, const float* q,
+                                         int g, float* sc, int ld) noexcept {
+    const float inv_d = 1.0f / static_cast<float>(d);
+    for (int o = 0; o < n; ++o) {
+      const int t = token_of(idx[o], inv_d), c = idx[o] - t * d;
+      for (int h = 0; h < g; ++h) sc[h * ld + t] += val[o] * q[h * d + c];
+    }
+  }
+  /// Output epilogue: acc[h * d + c] += val[o] * p[h * ld + t] for every outlier o at (t, c), h < g.
+  KVC_HOST_DEVICE static void add_output(const std::uint16_t* idx, const float* val, int n, int d, const float* p,
+                                         int g, int ld, float* acc) noexcept {
+    const float inv_d = 1.0f / static_cast<float>(d);
+    for (int o = 0; o < n; ++o) {
+      const int t = token_of(idx[o], inv_d), c = idx[o] - t * d;
+      for (int h = 0; h < g; ++h) acc[h * d + c] += val[o] * p[h * ld + t];
+    }
+  }
+  /// x[idx] += value for every outlier (x: the block's [B][d] reconstruction, row-major).
+  KVC_HOST_DEVICE static void add_to(const std::byte* region, int n, float* x) noexcept {
+    const std::uint16_t* idx = indices(region);
+    const half_t* val = values(region, n);
+    for (int o = 0; o < n; ++o) x[idx[o]] += val[o].to_float();
+  }
+};
+
+/// Indices of the `per_side` largest and `per_side` smallest signed entries of x[0..n), ascending.
+/// Ties are broken by index (the lower index counts as the more extreme), so the selection is a pure
+/// function of x. O(n): two std::nth_element passes, no sort of x. Requires 2 * per_side <= n.
+inline std::vector<std::uint32_t> select_outliers(const float* x, std::size_t n, std::size_t per_side) {
+  if (per_side == 0) return {};
+  std::vector<std::uint32_t> order(n);
+  std::iota(order.begin(), order.end(), 0u);
+  auto greater = [x](std::uint32_t a, std::uint32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
+  auto less = [x](std::uint32_t a, std::uint32_t b) { return x[a] < x[b] || (x[a] == x[b] && a < b); };
+  // order[0, k) = the k largest; then order[k, 2k) = the k smallest of the rest.
+  std::nth_element(order.begin(), order.begin() + std::ptrdiff_t(per_side) - 1, order.end(), greater);
+  std::nth_element(order.begin() + std::ptrdiff_t(per_side), order.begin() + std::ptrdiff_t(2 * per_side) - 1,
+                   order.end(), less);
+  order.resize(2 * per_side);
+  std::sort(order.begin(), order.end());
+  return order;
+}
+}  // namespace kvc

@@ -1,0 +1,315 @@
+// GEAR (gear/*.hpp): outlier selection, the power-iteration low-rank fit, the corrected cache's
+// reconstruction error and accounting, and the fused attention's epilogues against the oracle on the
+// reconstructed cache.
+#include "test_util.hpp"
+
+#include <kvc/gear/host_linalg.hpp>
+
+#include <Eigen/Dense>
+
+namespace {
+
+using namespace kvc_test;
+using kvc::Axis;
+using kvc::GroupQuantizer;
+using kvc::LowRankResidual;
+using kvc::OutlierFilter;
+using kvc::Rank;
+using kvc::schemes::KiviWith;
+
+// KIVI-2 backbone, 2 % outliers, rank 2 (keys) / 1 (values): the 2-bit integer kernels plus both epilogues.
+using GearKivi2 = KiviWith<2, 64, 64, 0, OutlierFilter<200>, LowRankResidual<Rank<2>, Rank<1>>>;
+// The paper's configuration (per-block 4-bit, s = rho = 2 %).
+using Gear4 = kvc::schemes::Gear4;
+// 32-token blocks, a 64-token window, warm-started power iteration, 32-channel value groups.
+using GearWarm = KiviWith<4, 32, 32, 64, OutlierFilter<100>, LowRankResidual<Rank<1>, Rank<1>, 3, kvc::LowRankInit::kWarm>>;
+using OutlierQuant4 = kvc::schemes::OutlierQuant4;
+using LowRankQuant4 = kvc::schemes::LowRankQuant4;
+
+// ---------------------------------------------------------------------------------------------- outliers
+TEST(OutlierSelect, TopAndBottomBySignedValue) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(1000);
+  for (auto& v : x) v = nd(rng);
+  x[10] = -50.0f;  // the most negative: a bottom outlier, not a top one (signed selection)
+  x[20] = 40.0f;
+  const auto idx = kvc::select_outliers(x.data(), x.size(), 7);
+  ASSERT_EQ(idx.size(), 14u);
+  EXPECT_TRUE(std::is_sorted(idx.begin(), idx.end()));
+  std::vector<float> sorted = x;
+  std::sort(sorted.begin(), sorted.end());
+  const float lo = sorted[6], hi = sorted[sorted.size() - 7];
+  int top = 0, bottom = 0;
+  for (auto i : idx) {
+    if (x[i] >= hi) ++top;
+    if (x[i] <= lo) ++bottom;
+  }
+  EXPECT_EQ(top, 7);
+  EXPECT_EQ(bottom, 7);
+  EXPECT_NE(std::find(idx.begin(), idx.end(), 10u), idx.end());
+  EXPECT_NE(std::find(idx.begin(), idx.end(), 20u), idx.end());
+}
+
+TEST(OutlierSelect, TiesBrokenByIndexAndConstantBlocks) {
+  // Constant: the k lowest indices are the "largest", the next k the "smallest".
+  std::vector<float> c(64, 1.5f);
+  EXPECT_EQ(kvc::select_outliers(c.data(), c.size(), 3), (std::vector<std::uint32_t>{0, 1, 2, 3, 4, 5}));
+  // Four equal maxima at 5, 9, 30, 40 compete for two top slots: the lower indices win.
+  std::vector<float> x(50, 0.0f);
+  for (int i : {5, 9, 30, 40}) x[std::size_t(i)] = 2.0f;
+  for (int i : {7, 8}) x[std::size_t(i)] = -1.0f;
+  EXPECT_EQ(kvc::select_outliers(x.data(), x.size(), 2), (std::vector<std::uint32_t>{5, 7, 8, 9}));
+  EXPECT_TRUE(kvc::select_outliers(x.data(), x.size(), 0).empty());
+  EXPECT_EQ(OutlierFilter<200>::per_side(64 * 64), 40);  // floor(4096 * 0.02 / 2)
+  EXPECT_EQ(OutlierFilter<1>::per_side(64 * 64), 0);     // floor(0.2)
+}
+
+TEST(OutlierSelect, InBlockIndexDecodesExactly) {
+  // The epilogues split index i = t * d + c with a float product instead of a division: exhaustive.
+  for (int d = 16; d <= 1024; d += 16) {
+    const float inv = 1.0f / float(d);
+    for (int i = 0; i < 65536; ++i) ASSERT_EQ(OutlierFilter<200>::token_of(i, inv), i / d) << "d " << d << " i " << i;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- low rank
+/// n x d matrix U diag(s) V^T with random orthonormal U, V (column-major).
+Eigen::MatrixXf with_spectrum(int n, int d, const std::vector<float>& s, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  const int k = int(s.size());
+  Eigen::MatrixXf gu(n, k), gv(d, k);
+  for (int i = 0; i < gu.size(); ++i) gu.data()[i] = nd(rng);
+  for (int i = 0; i < gv.size(); ++i) gv.data()[i] = nd(rng);
+  const Eigen::MatrixXf u = Eigen::HouseholderQR<Eigen::MatrixXf>(gu).householderQ() * Eigen::MatrixXf::Identity(n, k);
+  const Eigen::MatrixXf v = Eigen::HouseholderQR<Eigen::MatrixXf>(gv).householderQ() * Eigen::MatrixXf::Identity(d, k);
+  return u * Eigen::Map<const Eigen::VectorXf>(s.data(), k).asDiagonal() * v.transpose();
+}
+
+TEST(PowerIteration, MatchesTheSvdTopSubspaceOnAKnownSpectrum) {
+  // The rank-r fit's error against the optimal sqrt(sum_{i>r} s_i^2) (Eckart-Young, Eigen's SVD):
+  // the excess shrinks like (s_{r+1} / s_r)^(2 iters) from a random start. Orthonormalizing every
+  // iteration [default]: spectrum decaying 0.4x per index within 5 % after 3 iterations, 0.7x within
+  // 25 %, both within 1 % after 10. Algorithm 2 literally (QR in the last iteration only) agrees at
+  // 3 iterations and ranks <= 4; with more (rank 8, or 10 iterations) its fp32 columns collapse onto
+  // the top singular vector (measured 1.3-3x above optimal), which is why every-QR is the default.
+  // A is orthonormal in every case.
+  kvc::HostLinalg la;
+  struct Case {
+    float decay;
+    int iters;
+    bool every;
+    std::vector<int> ranks;
+    double factor;
+  };
+  const Case cases[] = {{0.4f, 3, true, {1, 2, 4, 8}, 1.05}, {0.7f, 3, true, {1, 2, 4, 8}, 1.25},
+                        {0.4f, 10, true, {1, 2, 4, 8}, 1.01}, {0.7f, 10, true, {1, 2, 4, 8}, 1.01},
+                        {0.4f, 3, false, {1, 2, 4}, 1.05}, {0.7f, 3, false, {1, 2, 4}, 1.25}};
+  for (const Case& cs : cases)
+    for (auto [n, d] : {std::pair{64, 64}, std::pair{128, 64}, std::pair{32, 256}}) {
+      std::vector<float> s;
+      for (int i = 0; i < std::min(n, d); ++i) s.push_back(10.0f * std::pow(cs.decay, float(i)));
+      const Eigen::MatrixXf R = with_spectrum(n, d, s, unsigned(n * 7 + d));
+      const Eigen::JacobiSVD<Eigen::MatrixXf> svd(R);
+      for (int r : cs.ranks) {
+        Eigen::MatrixXf A(n, r), B(d, r);
+        kvc::power_iteration(la, R.data(), n, d, n, r, cs.iters, cs.every, A.data(), B.data(), false, 42);
+        const double err = (R - A * B.transpose()).norm();
+        const double opt = svd.singularValues().tail(std::min(n, d) - r).norm();
+        EXPECT_LE(err, cs.factor * opt) << n << "x" << d << " rank " << r << " decay " << cs.decay << " iters "
+                                        << cs.iters << (cs.every ? " every-QR" : " literal");
+        EXPECT_LE((A.transpose() * A - Eigen::MatrixXf::Identity(r, r)).cwiseAbs().maxCoeff(), 1e-4);
+      }
+    }
+}
+
+TEST(PowerIteration, IsAPureFunctionOfTheSeed) {
+  kvc::HostLinalg la;
+  const Eigen::MatrixXf R = Eigen::MatrixXf::Random(64, 64);
+  Eigen::MatrixXf A1(64, 2), B1(64, 2), A2(64, 2), B2(64, 2);
+  kvc::power_iteration(la, R.data(), 64, 64, 64, 2, 3, true, A1.data(), B1.data(), false, 7);
+  kvc::power_iteration(la, R.data(), 64, 64, 64, 2, 3, true, A2.data(), B2.data(), false, 7);
+  EXPECT_EQ(A1, A2);
+  EXPECT_EQ(B1, B2);
+}
+
+// ---------------------------------------------------------------------------------------------- cache
+template <class Cache>
+double rel_error(const Filled<Cache>& f, bool keys) {
+  double e = 0.0, r = 0.0;
+  for (int s = 0; s < f.cfg.batch; ++s) {
+    const auto dq = dequantize(*f.cache, 0, s);
+    const KV& x = f.data[0][std::size_t(s)];
+    const auto& a = keys ? x.k : x.v;
+    const auto& b = keys ? dq.k : dq.v;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      e += double(a[i] - b[i]) * double(a[i] - b[i]);
+      r += double(a[i]) * double(a[i]);
+    }
+  }
+  return std::sqrt(e / r);
+}
+template <class Cache>
+Filled<Cache> kv_like(int d = 64) {
+  return make_filled<Cache>(1, 2, d, {512, 256}, 11);  // 12x key outlier channels, per-channel offsets
+}
+
+TEST(GearCache, EachCorrectionLowersTheReconstructionError) {
+  // Same 4-bit per-block backbone: quant-only > outliers-only > full GEAR, for keys and values.
+  using Quant4 = kvc::CompressedKVCache<kvc::UniformQuantizer<4, kvc::Scope::kTensor>, kvc::BlockTokens<64>>;
+  using Outliers2 = kvc::CompressedKVCache<kvc::UniformQuantizer<4, kvc::Scope::kTensor>, OutlierFilter<200>,
+                                           kvc::BlockTokens<64>>;
+  const auto q = kv_like<Quant4>();
+  const auto o = kv_like<Outliers2>();
+  const auto g = kv_like<Gear4>();
+  for (bool keys : {true, false}) {
+    SCOPED_TRACE(keys ? "keys" : "values");
+    EXPECT_LT(rel_error(o, keys), rel_error(q, keys));
+    EXPECT_LT(rel_error(g, keys), rel_error(o, keys));
+  }
+}
+
+TEST(GearCache, ErrorDoesNotGrowWithRankOrOutlierFraction) {
+  using R1 = KiviWith<2, 64, 64, 0, LowRankResidual<Rank<1>>>;
+  using R2 = KiviWith<2, 64, 64, 0, LowRankResidual<Rank<2>>>;
+  using R8 = KiviWith<2, 64, 64, 0, LowRankResidual<Rank<8>>>;
+  using S1 = KiviWith<2, 64, 64, 0, OutlierFilter<100>>;
+  using S5 = KiviWith<2, 64, 64, 0, OutlierFilter<500>>;
+  const double r1 = rel_error(kv_like<R1>(), true), r2 = rel_error(kv_like<R2>(), true), r8 = rel_error(kv_like<R8>(), true);
+  EXPECT_LE(r2, r1 * 1.0001);
+  EXPECT_LT(r8, r2);
+  const double s1 = rel_error(kv_like<S1>(), false), s5 = rel_error(kv_like<S5>(), false);
+  EXPECT_LT(s5, s1);
+}
+
+TEST(GearCache, BitsPerElementCountEveryByte) {
+  // Gear4 at d = 64: 64-token blocks of 4-bit codes (2048 B) + one (lo, step) (4 B), the correction
+  // region at 2064: 80 outliers x 4 B + rank max(1, floor(0.02 * 64)) = 1 factors (64 + 64) x 2 B,
+  // = 2640 B, padded to 2688.
+  using F = Gear4::key_format;
+  EXPECT_EQ(F::correction::outliers(64, 64), 80);
+  EXPECT_EQ(F::correction::rank(64, 64), 1);
+  EXPECT_EQ(F::block_bytes(64), 2688u);
+  Gear4 c(kvc::CacheConfig{1, 1, 2, 64, 200});
+  const KV x = random_kv(200, 2, 64, 5);
+  append_kv(c, 0, 0, x);
+  // 3 blocks (192 tokens) per head and side + 8 fp16 tokens.
+  EXPECT_EQ(c.stored_bytes(), 2u * 2u * (3u * 2688u + 8u * 64u * 2u));
+  EXPECT_EQ(c.decode_read_bytes(0), c.stored_bytes());
+  EXPECT_NEAR(c.bits_per_element(), 8.0 * double(c.stored_bytes()) / (200.0 * 2 * 2 * 64), 1e-12);
+}
+
+TEST(GearCache, OutliersAreExactUpToFp16AndTheLowRankPart) {
+  // Outlier-only cache: at each stored outlier the reconstruction is x to fp16 rounding of x - x^.
+  const auto f = make_filled<OutlierQuant4>(1, 1, 64, {64}, 3);
+  const auto dq = dequantize(*f.cache, 0, 0);
+  const KV& x = f.data[0][0];
+  std::vector<float> block(x.k.begin(), x.k.begin() + 64 * 64);
+  const auto idx = kvc::select_outliers(block.data(), block.size(), std::size_t(OutlierFilter<500>::per_side(4096)));
+  for (auto i : idx) EXPECT_NEAR(dq.k[i], x.k[i], 1e-3 * std::fabs(x.k[i]) + 1e-3) << i;
+}
+
+TEST(GearCache, BadInputAndParametersAreRejected) {
+  using TooHighRank = KiviWith<2, 64, 64, 0, LowRankResidual<Rank<65>>>;
+  EXPECT_THROW(TooHighRank(kvc::CacheConfig{1, 1, 1, 64, 100}), kvc::Error);
+  try {
+    TooHighRank(kvc::CacheConfig{1, 1, 1, 64, 100});
+  } catch (const kvc::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 65 exceeds"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(TooHighRank(kvc::CacheConfig{1, 1, 1, 128, 100}), kvc::Error);  // min(64, 128) = 64 < 65
+  using MaxRank = KiviWith<2, 64, 64, 0, LowRankResidual<Rank<64>>>;
+  EXPECT_NO_THROW(MaxRank(kvc::CacheConfig{1, 1, 1, 64, 100}));
+}
+
+TEST(GearCache, NonFiniteAndOversizedInputLeaveTheCacheUnchanged) {
+  auto f = make_filled<GearKivi2>(1, 2, 64, {100}, 9);
+  const auto before = snapshot(*f.cache);
+  KV bad = random_kv(40, 2, 64, 10);
+  bad.v[bad.at(33, 1, 7)] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THROW(f.cache->append(0, 0, bad.kview(0, 40), bad.vview(0, 40)), kvc::Error);
+  KV big = random_kv(40, 2, 64, 11);
+  big.k[big.at(5, 0, 0)] = 40000.0f;  // above GEAR's input limit (half of fp16's range)
+  EXPECT_THROW(f.cache->append(0, 0, big.kview(0, 40), big.vview(0, 40)), kvc::Error);
+  EXPECT_TRUE(same_state(before, snapshot(*f.cache)));
+}
+
+// ---------------------------------------------------------------------------------------------- attention
+template <class Cache>
+class GearAttention : public ::testing::Test {};
+using GearSchemes = ::testing::Types<GearKivi2, Gear4, GearWarm, OutlierQuant4, LowRankQuant4>;
+TYPED_TEST_SUITE(GearAttention, GearSchemes);
+
+TYPED_TEST(GearAttention, MatchesOracleOnTheReconstructedCache) {
+  // Head dims 64/128/256, GQA 1/4/8, ragged batches crossing block and window boundaries. kExact:
+  // float rounding only; kFast: the integer dot products' rounding (10 % of max|o|, 5 % rms, as for
+  // KIVI in test_attention.cpp) — the epilogues themselves are float in both.
+  using Cache = TypeParam;
+  struct Shape {
+    int d, kv_heads, q_heads;
+    std::vector<int> lengths;
+  };
+  const Shape shapes[] = {{64, 2, 2, {1, 70, 200}}, {128, 2, 8, {129, 64}}, {256, 1, 8, {300}}, {64, 3, 12, {63, 260}}};
+  KVC_FOR_EACH_ISA(isa) {
+    SCOPED_TRACE(kvc::isa_name(isa));
+    std::uint64_t seed = 100;
+    for (const Shape& sh : shapes) {
+      auto f = make_filled<Cache>(1, sh.kv_heads, sh.d, sh.lengths, seed++);
+      const int nseq = int(sh.lengths.size());
+      const auto q = random_query(nseq, sh.q_heads, sh.d, seed++);
+      const auto want = oracle_cache(*f.cache, 0, q, nseq, sh.q_heads);
+      double maxv = 0.0;
+      for (int s = 0; s < nseq; ++s) maxv = std::max(maxv, max_abs(dequantize(*f.cache, 0, s).v));
+      for (auto prec : {kvc::Precision::kExact, kvc::Precision::kFast}) {
+        kvc::AttentionOptions opt;
+        opt.precision = prec;
+        const auto got = fused(*f.cache, 0, q, nseq, sh.q_heads, opt);
+        ASSERT_TRUE(all_finite(got));
+        const bool exact = prec == kvc::Precision::kExact || !kIntDot<Cache>;
+        const double tol = exact ? 2e-5 * maxv : 1e-5 * maxv + 0.1 * max_abs(want);
+        EXPECT_LE(max_abs_diff(got, want), tol)
+            << "d " << sh.d << " heads " << sh.q_heads << "/" << sh.kv_heads << (exact ? " exact" : " fast");
+        if (!exact) {
+          EXPECT_LE(rms_diff(got, want), 0.05 * rms(want));
+        }
+      }
+    }
+  }
+}
+
+TYPED_TEST(GearAttention, TheKernelAppliesTheCorrections) {
+  // The epilogues are not no-ops: the fused output matches the corrected oracle (above) and is far
+  // from attention over the backbone alone (each block decoded without its correction region).
+  using Cache = TypeParam;
+  using KF = typename Cache::key_format;
+  using VF = typename Cache::value_format;
+  auto f = make_filled<Cache>(1, 2, 64, {256}, 77);
+  const auto q = random_query(1, 4, 64, 78);
+  kvc::AttentionOptions opt;
+  opt.precision = kvc::Precision::kExact;
+  const auto got = fused(*f.cache, 0, q, 1, 4, opt);
+  const auto want = oracle_cache(*f.cache, 0, q, 1, 4);
+  const auto p = f.cache->params(0);
+  const int nb = f.cache->quantized_blocks(0, 0), B = Cache::kBlockTokens, S = Cache::selector::kSink;
+  ASSERT_GT(nb, 0);
+  auto dq = dequantize(*f.cache, 0, 0);
+  std::vector<float> kx(std::size_t(B) * 64), vx(kx.size());
+  for (int h = 0; h < 2; ++h)
+    for (int b = 0; b < nb; ++b) {
+      KF::decode_backbone(p.key_block(0, h, b), 64, kx.data());
+      VF::decode_backbone(p.value_block(0, h, b), 64, vx.data());
+      for (int t = 0; t < B; ++t)
+        for (int c = 0; c < 64; ++c) {
+          const std::size_t i = (std::size_t(S + b * B + t) * 2 + h) * 64 + c;
+          dq.k[i] = kx[std::size_t(t) * 64 + c];
+          dq.v[i] = vx[std::size_t(t) * 64 + c];
+        }
+    }
+  std::vector<float> backbone(q.size());
+  kvc::reference::decode_attention(q.data(), 4, dq.k.data(), dq.v.data(), 256, 2, 64, backbone.data(), 0.0);
+  const double tol = 2e-5 * max_abs(dequantize(*f.cache, 0, 0).v);
+  EXPECT_LE(max_abs_diff(got, want), tol);
+  EXPECT_GT(max_abs_diff(got, backbone), 20 * tol);
+}
+}  // namespace
