@@ -3,7 +3,8 @@
 //   BM_DecodeAttention/<scheme>/T:<n>    fused decode attention, 8 KV heads, GQA 4, head dim 128,
 //                                        batch 1; caches flushed before every iteration; <scheme>-exact:
 //                                        Precision::kExact (float dot products over the codes)
-//   BM_Append/<scheme>                   prefill compression throughput (4096 tokens)
+//   BM_Append/<scheme>                   prefill compression throughput (4096 tokens; GEAR: block mode,
+//                                        outlier selection + quantization + power iteration per block)
 // Counters: bytes_per_second = cache bytes one decode step reads (codes, scales, zeros, windows);
 // bits_per_element = stored bits per K/V element, everything counted.
 #include "bench_util.hpp"
@@ -149,6 +150,8 @@ const int registered = [] {
   register_scheme<kvc::schemes::Int8>("int8");
   register_scheme<kvc::schemes::Kivi4>("kivi4", true);
   register_scheme<kvc::schemes::Kivi2>("kivi2", true);
+  register_scheme<kvc::schemes::GearKivi4>("gear_kivi4", true);
+  register_scheme<kvc::schemes::GearKivi2>("gear_kivi2", true);
   return 0;
 }();
 }  // namespace

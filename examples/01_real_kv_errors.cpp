@@ -18,6 +18,8 @@
 //   attn worst the largest per-head relative error over all positions, and where it happened
 //   K rel, V rel  ||x^ - x|| / ||x|| of what the cache holds after all tokens (dequantize)
 //   K max, V max  the largest |x^ - x| of one element, and the largest |x| for scale
+#include "dump_cli.hpp"
+
 #include <kvc/io/kv_dump.hpp>
 #include <kvc/kvc.hpp>
 
@@ -141,44 +143,13 @@ void print_row(int layer, const char* scheme, const Row& r) {
               r.k_rel, r.v_rel, r.k_max, r.v_max);
 }
 
-void explain_missing(const std::string& path) {
-  std::printf(
-      "01_real_kv_errors: no KV dump at %s\n"
-      "This example measures the schemes on real keys/values/queries dumped by the llama engine.\n"
-      "Make a dump with the engine in examples/llama:\n"
-      "  kvc-eval --dump-kv %s ...   (see examples/llama for the model and the layers to dump)\n"
-      "then run  01_real_kv_errors [dump-file]  (or set KVC_KV_DUMP=<dump-file>).\n"
-      "Nothing to do: exiting with status 0.\n",
-      path.c_str(), path.c_str());
-}
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 2 || (argc == 2 && (std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help"))) {
-    std::printf("usage: %s [dump-file]   (default: $KVC_KV_DUMP, else ~/.cache/kvc/smollm2_kv_dump.bin)\n",
-                argv[0]);
-    return argc > 2 ? 2 : 0;
-  }
-  const char* env = std::getenv("KVC_KV_DUMP");
-  const bool explicit_path = argc == 2 || (env != nullptr && *env != '\0');
-  const std::string path = argc == 2 ? std::string(argv[1]) : kvc::io::default_kv_dump_path();
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) {
-    if (explicit_path) {
-      std::fprintf(stderr, "01_real_kv_errors: %s does not exist\n", path.c_str());
-      return 2;
-    }
-    explain_missing(path);
-    return 0;
-  }
-
   kvc::io::KVDump dump;
-  try {
-    dump = kvc::io::read_kv_dump(path);
-  } catch (const kvc::Error& e) {
-    std::fprintf(stderr, "01_real_kv_errors: %s\n", e.what());
-    return 1;
-  }
+  std::string path;
+  if (const auto status =
+          kvc_examples::load_dump(argc, argv, "01_real_kv_errors", "measures the schemes", dump, path)) return *status;
 
   const int T = dump.tokens, H = dump.kv_heads, Hq = dump.q_heads, d = dump.head_dim;
   std::string layers;

@@ -109,6 +109,28 @@ inline const std::vector<SchemeEntry>& scheme_registry() {
                               FullPrecisionWindow<128, 4>>>("kivi2-sink4",
                                                             "KIVI 2-bit with a 4-token attention sink kept in fp16"),
       entry<Kivi<1>>("kivi1", "KIVI 1-bit, group 32, 128-token fp16 window"),
+      entry<Gear4>("gear4", "GEAR (paper): per-block 4-bit, 2 % outliers, rank rho 2 %, 64-token blocks"),
+      entry<OutlierQuant4>("outlier4", "GEAR ablation: per-block 4-bit + 5 % outliers (outlier-reduced quantization)"),
+      entry<LowRankQuant4>("lowrank4", "GEAR ablation: per-block 4-bit + rank rho 5 %"),
+      entry<GearKivi4>("gear-kivi4", "GEAR on KIVI-4: 128-token blocks, 64-channel value groups, 1 % outliers, rank 1"),
+      entry<KiviWith<4, 32, 32, 128, OutlierFilter<100>>>("gear-kivi4-w128-s1",
+                                                            "KIVI-4 (group 32, window 128) + 1 % outliers"),
+      entry<KiviWith<4, 32, 32, 128, OutlierFilter<50>>>("gear-kivi4-w128-s05",
+                                                           "KIVI-4 (group 32, window 128) + 0.5 % outliers"),
+      entry<KiviWith<4, 64, 64, 64, OutlierFilter<100>>>(
+          "gear-kivi4-b64-w64-s1", "4-bit, 64-token key groups, 64-channel value groups, window 64, 1 % outliers"),
+      entry<KiviWith<3, 64, 64, 128, OutlierFilter<100>>>(
+          "gear-kivi3-b64-w128-s1", "3-bit, 64-token key groups, 64-channel value groups, window 128, 1 % outliers"),
+      entry<KiviWith<3, 64, 64, 64, OutlierFilter<100>>>(
+          "gear-kivi3-b64-w64-s1", "3-bit, 64-token key groups, 64-channel value groups, window 64, 1 % outliers"),
+      entry<KiviWith<3, 128, 64, 0, OutlierFilter<100>>>(
+          "gear-kivi3-b128-s1", "3-bit, 128-token key groups, 64-channel value groups, no window, 1 % outliers"),
+      entry<GearKivi2>("gear-kivi2", "GEAR on KIVI-2 (group 32, window 128): 1 % outliers, rank 1"),
+      entry<KiviWith<2, 32, 32, 128, OutlierFilter<100>>>("gear-kivi2-s1", "KIVI-2 (group 32, window 128) + 1 % outliers"),
+      entry<KiviWith<2, 128, 64, 0, OutlierFilter<50>>>(
+          "gear-kivi2-b128-s05", "2-bit, 128-token key groups, 64-channel value groups, no window, 0.5 % outliers"),
+      entry<KiviWith<2, 128, 64, 0, OutlierFilter<100>, LowRankResidual<Rank<1>>>>(
+          "gear-kivi2-b128-s1-r1", "2-bit, 128-token key groups, 64-channel value groups, no window, 1 % outliers, rank 1"),
   };
   return registry;
 }

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <kvc/cache/compressed_kv_cache.hpp>
+#include <kvc/gear/low_rank_residual.hpp>
+#include <kvc/gear/outlier_filter.hpp>
 #include <kvc/quant/group_quantizer.hpp>
 #include <kvc/quant/no_quantizer.hpp>
 #include <kvc/quant/uniform_quantizer.hpp>
@@ -23,4 +25,27 @@ using Kivi = CompressedKVCache<keys<GroupQuantizer<Bits, Group, Axis::kChannel>>
                                values<GroupQuantizer<Bits, Group, Axis::kToken>>, FullPrecisionWindow<Window>>;
 using Kivi4 = Kivi<4>;
 using Kivi2 = Kivi<2>;
+
+/// GEAR (SPEC §1) in block mode: every completed block of `Block` tokens of one KV head is compressed
+/// once: the signed top/bottom s/2 entries kept exact (OutlierFilter), the rest quantized, and the
+/// residual's rank-r approximation (LowRankResidual, power iteration) stored in fp16. The ring of at
+/// most Block - 1 newest tokens (plus `Window`) is GEAR's fp16 streaming buffer n_b.
+/// Paper configuration: per-tensor (one block of one head) 4-bit backbone, s = 2 %, rho = 2 %, n_b = 64.
+using Gear4 = CompressedKVCache<UniformQuantizer<4, Scope::kTensor>, OutlierFilter<200>, LowRankResidual<Rho<200>>,
+                                BlockTokens<64>>;
+/// The paper's ablations on the same backbone: outliers only ("Outlier-reduced quantization", s = 5 %)
+/// and low-rank only (rho = 5 %).
+using OutlierQuant4 = CompressedKVCache<UniformQuantizer<4, Scope::kTensor>, OutlierFilter<500>, BlockTokens<64>>;
+using LowRankQuant4 = CompressedKVCache<UniformQuantizer<4, Scope::kTensor>, LowRankResidual<Rho<500>>, BlockTokens<64>>;
+/// A KIVI backbone for GEAR's corrections: keys per channel over `Block`-token blocks, values per token
+/// in `VGroup`-channel groups, the `Window` newest tokens in fp16, then the correction policies.
+template <int Bits, int Block, int VGroup, int Window, class... Corrections>
+using KiviWith = CompressedKVCache<keys<GroupQuantizer<Bits, Block, Axis::kChannel>>,
+                                   values<GroupQuantizer<Bits, VGroup, Axis::kToken>>, FullPrecisionWindow<Window>,
+                                   Corrections...>;
+/// GEAR on KIVI-4: 128-token blocks (key groups), 64-channel value groups, 1 % outliers, rank 1, no
+/// window beyond the ring (real-model sweep: README).
+using GearKivi4 = KiviWith<4, 128, 64, 0, OutlierFilter<100>, LowRankResidual<Rank<1>>>;
+/// GEAR on exactly KIVI-2's backbone (group 32, 128-token window): 1 % outliers, rank 1.
+using GearKivi2 = KiviWith<2, 32, 32, 128, OutlierFilter<100>, LowRankResidual<Rank<1>>>;
 }  // namespace kvc::schemes
