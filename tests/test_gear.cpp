@@ -239,7 +239,14 @@ TEST(GearCache, NonFiniteAndOversizedInputLeaveTheCacheUnchanged) {
 template <class Cache>
 class GearAttention : public ::testing::Test {};
 using GearSchemes = ::testing::Types<GearKivi2, Gear4, GearWarm, OutlierQuant4, LowRankQuant4>;
-TYPED_TEST_SUITE(GearAttention, GearSchemes);
+struct GearNames {
+  template <class T>
+  static std::string GetName(int i) {
+    static const char* const names[] = {"GearKivi2", "Gear4", "GearWarm", "OutlierQuant4", "LowRankQuant4"};
+    return names[i];
+  }
+};
+TYPED_TEST_SUITE(GearAttention, GearSchemes, GearNames);
 
 TYPED_TEST(GearAttention, MatchesOracleOnTheReconstructedCache) {
   // Head dims 64/128/256, GQA 1/4/8, ragged batches crossing block and window boundaries. kExact:
