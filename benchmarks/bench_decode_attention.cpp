@@ -5,6 +5,10 @@
 //                                        Precision::kExact (float dot products over the codes)
 //   BM_Append/<scheme>                   prefill compression throughput (4096 tokens; GEAR: block mode,
 //                                        outlier selection + quantization + power iteration per block)
+//   BM_AppendDecode/<scheme>/T:<n>       decode-time compression: one block's tokens appended one at a
+//                                        time onto n - block tokens (the last completes a block: block
+//                                        mode compresses it, LiteralMode recompresses the whole history);
+//                                        per_token = the amortised cost of one token
 // Counters: bytes_per_second = cache bytes one decode step reads (codes, scales, zeros, windows);
 // bits_per_element = stored bits per K/V element, everything counted.
 #include "bench_util.hpp"
@@ -124,6 +128,35 @@ void BM_Append(benchmark::State& state) {
 }
 
 template <class Cache>
+void BM_AppendDecode(benchmark::State& state) {
+  const int tokens = static_cast<int>(state.range(0)), B = Cache::kBlockTokens, first = tokens - B;
+  const auto k = make_kv(tokens, true, 13), v = make_kv(tokens, false, 14);
+  auto view = [&](const std::vector<float>& x, int t, int n) {
+    return kvc::KVView::contiguous(x.data() + std::size_t(t) * kKvHeads * kHeadDim, n, kKvHeads, kHeadDim);
+  };
+  for (auto _ : state) {
+    state.PauseTiming();
+    Cache cache(kvc::CacheConfig{1, 1, kKvHeads, kHeadDim, tokens});
+    cache.append(0, 0, view(k, 0, first), view(v, 0, first));
+    state.ResumeTiming();
+    for (int t = first; t < tokens; ++t) cache.append(0, 0, view(k, t, 1), view(v, t, 1));
+    benchmark::DoNotOptimize(cache.stored_bytes());
+  }
+  // kIsRate | kInvert: seconds per token (printed with its SI prefix, e.g. 57.3us).
+  state.counters["per_token"] =
+      benchmark::Counter(double(B) * state.iterations(), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
+template <class Cache>
+void register_append_decode(const char* name) {
+  benchmark::RegisterBenchmark((std::string("BM_AppendDecode/") + name).c_str(), BM_AppendDecode<Cache>)
+      ->ArgName("T")
+      ->Arg(4096)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+}
+
+template <class Cache>
 void register_scheme(const char* name, bool exact_too = false) {
   benchmark::RegisterBenchmark((std::string("BM_DecodeAttention/") + name).c_str(), BM_DecodeAttention<Cache>)
       ->ArgName("T")
@@ -152,6 +185,14 @@ const int registered = [] {
   register_scheme<kvc::schemes::Kivi2>("kivi2", true);
   register_scheme<kvc::schemes::GearKivi4>("gear_kivi4", true);
   register_scheme<kvc::schemes::GearKivi2>("gear_kivi2", true);
+  // Decode-time compression, block mode vs GEAR's literal mode (Algorithm 1) on the same policies.
+  using namespace kvc::schemes;
+  register_append_decode<GearKivi2>("gear_kivi2");
+  register_append_decode<KiviWith<2, 32, 32, 128, kvc::OutlierFilter<100>, kvc::LowRankResidual<kvc::Rank<1>>,
+                                   kvc::LiteralMode>>("gear_kivi2_literal");
+  register_append_decode<Gear4>("gear4");
+  register_append_decode<Gear4Literal>("gear4_literal");
+  register_append_decode<Gear4Paper>("gear4_paper");
   return 0;
 }();
 }  // namespace

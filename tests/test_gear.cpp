@@ -25,6 +25,12 @@ using Gear4 = kvc::schemes::Gear4;
 using GearWarm = KiviWith<4, 32, 32, 64, OutlierFilter<100>, LowRankResidual<Rank<1>, Rank<1>, 3, kvc::LowRankInit::kWarm>>;
 using OutlierQuant4 = kvc::schemes::OutlierQuant4;
 using LowRankQuant4 = kvc::schemes::LowRankQuant4;
+// Literal mode (Algorithm 1): block-scope outliers, and the paper mode with stream-scope outliers.
+using Gear4Literal = kvc::schemes::Gear4Literal;
+using Gear4Paper = kvc::schemes::Gear4Paper;
+// Paper mode on a KIVI-2 backbone with a window: the 2-bit kernels, the stream outlier table, rank 1.
+using GearKivi2Paper = KiviWith<2, 32, 32, 64, OutlierFilter<200, kvc::OutlierScope::kStream>,
+                                LowRankResidual<Rank<1>>, kvc::LiteralMode>;
 
 // ---------------------------------------------------------------------------------------------- outliers
 TEST(OutlierSelect, TopAndBottomBySignedValue) {
@@ -223,8 +229,9 @@ TEST(GearCache, BadInputAndParametersAreRejected) {
   EXPECT_NO_THROW(MaxRank(kvc::CacheConfig{1, 1, 1, 64, 100}));
 }
 
-TEST(GearCache, NonFiniteAndOversizedInputLeaveTheCacheUnchanged) {
-  auto f = make_filled<GearKivi2>(1, 2, 64, {100}, 9);
+template <class Cache>
+void expect_bad_input_leaves_cache_unchanged() {
+  auto f = make_filled<Cache>(1, 2, 64, {100}, 9);
   const auto before = snapshot(*f.cache);
   KV bad = random_kv(40, 2, 64, 10);
   bad.v[bad.at(33, 1, 7)] = std::numeric_limits<float>::quiet_NaN();
@@ -234,22 +241,118 @@ TEST(GearCache, NonFiniteAndOversizedInputLeaveTheCacheUnchanged) {
   EXPECT_THROW(f.cache->append(0, 0, big.kview(0, 40), big.vview(0, 40)), kvc::Error);
   EXPECT_TRUE(same_state(before, snapshot(*f.cache)));
 }
+TEST(GearCache, NonFiniteAndOversizedInputLeaveTheCacheUnchanged) {
+  expect_bad_input_leaves_cache_unchanged<GearKivi2>();
+  expect_bad_input_leaves_cache_unchanged<GearKivi2Paper>();  // the 40 tokens would complete a block: a flush
+}
+
+// ---------------------------------------------------------------------------------------------- literal mode
+// A float ring, so a cache fed a reconstruction holds exactly those floats (test below).
+template <class O>
+using LiteralF32 = kvc::CompressedKVCache<kvc::UniformQuantizer<4, kvc::Scope::kTensor>, O,
+                                          LowRankResidual<kvc::Rho<200>>, kvc::BlockTokens<64>, kvc::LiteralMode,
+                                          kvc::FullPrecisionWindow<0, 0, float>>;
+
+TEST(GearLiteral, PrefillIsOneFlushFromExactTokens) {
+  // One append = one flush from exact tokens: literal mode stores what block mode stores.
+  const auto a = make_filled<Gear4Literal>(1, 2, 64, {300, 130}, 21);
+  const auto b = make_filled<Gear4>(1, 2, 64, {300, 130}, 21);
+  for (int s = 0; s < 2; ++s) {
+    const auto x = dequantize(*a.cache, 0, s);
+    const auto y = dequantize(*b.cache, 0, s);
+    EXPECT_TRUE(bytes_equal(x.k, y.k) && bytes_equal(x.v, y.v)) << s;
+  }
+  EXPECT_EQ(a.cache->stored_bytes(), b.cache->stored_bytes());
+}
+
+template <class Cache>
+void expect_flush_recompresses_the_reconstruction() {
+  // Cache A: a 128-token prefill (flush 1), then 64 single-token appends (flush 2 at the last). Flush
+  // 2 compresses [reconstruction of blocks 0-1 ; exact block 2] afresh, which is what cache B stores
+  // after one append of exactly those rows.
+  constexpr int H = 2, d = 64;
+  const KV x = random_kv(192, H, d, 31);
+  Cache a(kvc::CacheConfig{1, 1, H, d, 192});
+  a.append(0, 0, x.kview(0, 128), x.vview(0, 128));
+  const auto r1 = dequantize(a, 0, 0);
+  for (int t = 128; t < 192; ++t) a.append(0, 0, x.kview(t, 1), x.vview(t, 1));
+  KV y = x;
+  std::copy(r1.k.begin(), r1.k.end(), y.k.begin());
+  std::copy(r1.v.begin(), r1.v.end(), y.v.begin());
+  Cache b(kvc::CacheConfig{1, 1, H, d, 192});
+  b.append(0, 0, y.kview(0, 192), y.vview(0, 192));
+  const auto da = dequantize(a, 0, 0);
+  const auto db = dequantize(b, 0, 0);
+  EXPECT_TRUE(bytes_equal(da.k, db.k) && bytes_equal(da.v, db.v));
+  // ... and flush 2 did change the older blocks (they were compressed again).
+  EXPECT_FALSE(std::equal(r1.k.begin(), r1.k.end(), da.k.begin()));
+}
+TEST(GearLiteral, EachFlushRecompressesTheHistoryFromItsReconstruction) {
+  expect_flush_recompresses_the_reconstruction<LiteralF32<OutlierFilter<200>>>();
+  expect_flush_recompresses_the_reconstruction<LiteralF32<OutlierFilter<200, kvc::OutlierScope::kStream>>>();
+}
+
+TEST(GearLiteral, StreamScopeSelectsOverTheWholeHistory) {
+  // Paper mode after one flush of 256 tokens (4 blocks): each head's stored outlier positions are
+  // exactly select_outliers over its 256 x 64 keys (values), shared unevenly among the blocks, and
+  // at each the reconstruction minus the low-rank part is x up to fp16 rounding.
+  constexpr int H = 2, d = 64, T = 256, B = 64;
+  kvc_test::GenOptions gen;
+  const auto f = make_filled<Gear4Paper>(1, H, d, {T}, 41, gen);
+  const KV& x = f.data[0][0];
+  const auto p = f.cache->params(0);
+  const int per_side = OutlierFilter<200>::per_side(T * d);
+  std::vector<float> col(std::size_t(T) * d), blk(std::size_t(B) * d);
+  for (int sd = 0; sd < 2; ++sd)
+    for (int h = 0; h < H; ++h) {
+      const auto side = sd == 0 ? kvc::Side::kKey : kvc::Side::kValue;
+      const auto& src = sd == 0 ? x.k : x.v;
+      for (int t = 0; t < T; ++t)
+        for (int c = 0; c < d; ++c)  // as the fp16 ring held them
+          col[std::size_t(t) * d + c] = kvc::half_t::from_float(src[x.at(t, h, c)]).to_float();
+      const auto want = kvc::select_outliers(col.data(), col.size(), std::size_t(per_side));
+      std::vector<std::uint32_t> got;
+      std::vector<int> counts;
+      for (int b = 0; b < T / B; ++b) {
+        const kvc::OutlierSlice o = p.outliers(side, 0, h, b);
+        counts.push_back(o.n);
+        for (int i = 0; i < o.n; ++i) {
+          got.push_back(std::uint32_t(b * B * d + o.idx[i]));
+          const std::byte* region = sd == 0 ? p.key_block(0, h, b) : p.value_block(0, h, b);
+          if (sd == 0) Gear4Paper::key_format::decode_backbone(region, d, blk.data());
+          else Gear4Paper::value_format::decode_backbone(region, d, blk.data());
+          const float xi = col[std::size_t(b * B * d + o.idx[i])];
+          EXPECT_NEAR(blk[o.idx[i]] + o.val[i].to_float(), xi, 1e-3 * (std::fabs(xi) + std::fabs(o.val[i].to_float())) + 1e-4);
+        }
+      }
+      EXPECT_EQ(got, want) << "side " << sd << " head " << h;
+      EXPECT_NE(*std::min_element(counts.begin(), counts.end()), *std::max_element(counts.begin(), counts.end()));
+    }
+  // Accounting: blocks without outliers (2064 B backbone region + rank-1 factors 256 B = 2320 -> 2368)
+  // plus, per head and side, the table: 2 * 163 entries of 4 B and 5 offsets of 4 B.
+  EXPECT_EQ(Gear4Paper::key_format::block_bytes(d), 2368u);
+  EXPECT_EQ(f.cache->stored_bytes(), std::size_t(2 * H) * (4 * 2368 + 326 * 4 + 5 * 4));
+  EXPECT_EQ(f.cache->decode_read_bytes(0), f.cache->stored_bytes());
+}
 
 // ---------------------------------------------------------------------------------------------- attention
 template <class Cache>
 class GearAttention : public ::testing::Test {};
-using GearSchemes = ::testing::Types<GearKivi2, Gear4, GearWarm, OutlierQuant4, LowRankQuant4>;
+using GearSchemes = ::testing::Types<GearKivi2, Gear4, GearWarm, OutlierQuant4, LowRankQuant4, Gear4Literal, Gear4Paper,
+                                     GearKivi2Paper>;
 struct GearNames {
   template <class T>
   static std::string GetName(int i) {
-    static const char* const names[] = {"GearKivi2", "Gear4", "GearWarm", "OutlierQuant4", "LowRankQuant4"};
+    static const char* const names[] = {"GearKivi2",     "Gear4",        "GearWarm",   "OutlierQuant4",
+                                        "LowRankQuant4", "Gear4Literal", "Gear4Paper", "GearKivi2Paper"};
     return names[i];
   }
 };
 TYPED_TEST_SUITE(GearAttention, GearSchemes, GearNames);
 
 TYPED_TEST(GearAttention, MatchesOracleOnTheReconstructedCache) {
-  // Head dims 64/128/256, GQA 1/4/8, ragged batches crossing block and window boundaries. kExact:
+  // Head dims 64/128/256, GQA 1/4/8, ragged batches crossing block and window boundaries, appended
+  // in chunks of 50 tokens (literal mode: several flushes). kExact:
   // float rounding only; kFast: the integer dot products' rounding (10 % of max|o|, 5 % rms, as for
   // KIVI in test_attention.cpp) — the epilogues themselves are float in both.
   using Cache = TypeParam;
@@ -262,7 +365,7 @@ TYPED_TEST(GearAttention, MatchesOracleOnTheReconstructedCache) {
     SCOPED_TRACE(kvc::isa_name(isa));
     std::uint64_t seed = 100;
     for (const Shape& sh : shapes) {
-      auto f = make_filled<Cache>(1, sh.kv_heads, sh.d, sh.lengths, seed++);
+      auto f = make_filled<Cache>(1, sh.kv_heads, sh.d, sh.lengths, seed++, {}, 50);
       const int nseq = int(sh.lengths.size());
       const auto q = random_query(nseq, sh.q_heads, sh.d, seed++);
       const auto want = oracle_cache(*f.cache, 0, q, nseq, sh.q_heads);

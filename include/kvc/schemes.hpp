@@ -3,6 +3,7 @@
 #pragma once
 
 #include <kvc/cache/compressed_kv_cache.hpp>
+#include <kvc/gear/literal_mode.hpp>
 #include <kvc/gear/low_rank_residual.hpp>
 #include <kvc/gear/outlier_filter.hpp>
 #include <kvc/quant/group_quantizer.hpp>
@@ -33,6 +34,14 @@ using Kivi2 = Kivi<2>;
 /// Paper configuration: per-tensor (one block of one head) 4-bit backbone, s = 2 %, rho = 2 %, n_b = 64.
 using Gear4 = CompressedKVCache<UniformQuantizer<4, Scope::kTensor>, OutlierFilter<200>, LowRankResidual<Rho<200>>,
                                 BlockTokens<64>>;
+/// Gear4 in literal mode (Algorithm 1: the whole history recompressed from its reconstruction at
+/// every flush of n_b = 64 tokens; slow, errors compound), outliers still per block.
+using Gear4Literal = CompressedKVCache<UniformQuantizer<4, Scope::kTensor>, OutlierFilter<200>,
+                                       LowRankResidual<Rho<200>>, BlockTokens<64>, LiteralMode>;
+/// Paper mode: literal mode with the outliers selected over the whole history of each KV head
+/// (OutlierScope::kStream), for reproducing the paper.
+using Gear4Paper = CompressedKVCache<UniformQuantizer<4, Scope::kTensor>, OutlierFilter<200, OutlierScope::kStream>,
+                                     LowRankResidual<Rho<200>>, BlockTokens<64>, LiteralMode>;
 /// The paper's ablations on the same backbone: outliers only ("Outlier-reduced quantization", s = 5 %)
 /// and low-rank only (rho = 5 %).
 using OutlierQuant4 = CompressedKVCache<UniformQuantizer<4, Scope::kTensor>, OutlierFilter<500>, BlockTokens<64>>;

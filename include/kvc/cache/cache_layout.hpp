@@ -10,7 +10,10 @@
 ///            the next multiple of 16 bytes (gear/block_correction.hpp), padded to 64 bytes; identity
 ///            blocks hold raw elements;
 ///  - ring:   the newest not-yet-quantized tokens (at most Recent + B - 1), token-major, slot
-///            (pos - Sink) mod (Recent + B).
+///            (pos - Sink) mod (Recent + B);
+///  - stream outliers (GEAR's OutlierScope::kStream only): the outliers of all blocks as one table,
+///            [uint16 in-block index x cap][fp16 value x cap], ascending by (block, index), and
+///            [uint32 x (capacity_blocks + 1)] start offsets, block b's entries at [off[b], off[b+1]).
 /// Codes inside a block are in kernel order, chosen per side for the dot product that reads them:
 ///  - keys, codes <= 4 bits:   [c/4][t][c%4]  (4 channels per 32-bit lane: `vpdpbusd` over channels)
 ///  - values, codes <= 4 bits: [t/4][c][t%4]  (4 tokens per 32-bit lane: `vpdpbusd` over tokens)
@@ -137,9 +140,18 @@ struct BlockFormat {
   }
 };
 
-/// Compile-time description of a cache: key/value block formats (with their corrections) and the
-/// full-precision selector.
-template <Quantizer KQ, Quantizer VQ, Selector Sel, int B, class KCorr = NoCorrection, class VCorr = NoCorrection>
+/// One block's share of a stream-scope outlier table (gear/outlier_filter.hpp's entry format).
+struct OutlierSlice {
+  const std::uint16_t* idx;
+  const half_t* val;
+  int n;
+};
+
+/// Compile-time description of a cache: key/value block formats (with their corrections), the
+/// full-precision selector, and the stream-scope outlier filter (void when outliers are per block or
+/// absent; it applies to the quantized sides).
+template <Quantizer KQ, Quantizer VQ, Selector Sel, int B, class KCorr = NoCorrection, class VCorr = NoCorrection,
+          class StreamOutliers = void>
 struct CacheLayout {
   using key_format = BlockFormat<KQ, Side::kKey, B, KCorr>;
   using value_format = BlockFormat<VQ, Side::kValue, B, VCorr>;
@@ -149,6 +161,10 @@ struct CacheLayout {
   static constexpr int kSink = Sel::kSink;
   static constexpr int kRecent = Sel::kRecent;
   static constexpr int kRingTokens = Sel::ring_tokens(B);
+  using stream_outliers = StreamOutliers;
+  static constexpr bool kStreamOutliers = !std::is_void_v<StreamOutliers>;
+  static constexpr bool kKeyStreamOutliers = kStreamOutliers && !KQ::kIsIdentity;
+  static constexpr bool kValueStreamOutliers = kStreamOutliers && !VQ::kIsIdentity;
 
   /// One layer's view of the cache. Trivially copyable; pointers are host or device memory.
   struct Params {
@@ -163,8 +179,23 @@ struct CacheLayout {
     window_t* v_sink;
     window_t* k_ring;  ///< [batch][kv_heads][kRingTokens][head_dim]
     window_t* v_ring;
+    int outlier_capacity;       ///< stream-scope outlier entries per stream (0 without)
+    std::uint32_t* k_out_off;   ///< [batch][kv_heads][capacity_blocks + 1] (nullptr without)
+    std::uint16_t* k_out_idx;   ///< [batch][kv_heads][outlier_capacity]
+    half_t* k_out_val;          ///< [batch][kv_heads][outlier_capacity]
+    std::uint32_t* v_out_off;
+    std::uint16_t* v_out_idx;
+    half_t* v_out_val;
 
     KVC_HOST_DEVICE int stream(int seq, int head) const noexcept { return seq * kv_heads + head; }
+    /// Block `blk`'s stream-scope outliers of one side (only with kStreamOutliers on that side).
+    KVC_HOST_DEVICE OutlierSlice outliers(Side side, int seq, int head, int blk) const noexcept {
+      const bool k = side == Side::kKey;
+      const std::size_t st = std::size_t(stream(seq, head));
+      const std::uint32_t* off = (k ? k_out_off : v_out_off) + st * (capacity_blocks + 1);
+      const std::size_t base = st * outlier_capacity + off[blk];
+      return {(k ? k_out_idx : v_out_idx) + base, (k ? k_out_val : v_out_val) + base, int(off[blk + 1] - off[blk])};
+    }
     KVC_HOST_DEVICE int quantized_blocks(int seq) const noexcept { return Sel::quantized_blocks(lengths[seq], B); }
     KVC_HOST_DEVICE std::byte* key_block(int seq, int head, int blk) const noexcept {
       return k_blocks + (std::size_t(stream(seq, head)) * capacity_blocks + blk) * key_format::block_bytes(head_dim);

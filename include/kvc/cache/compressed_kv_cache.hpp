@@ -12,6 +12,7 @@
 #include <kvc/core/view.hpp>
 #include <kvc/gear/block_correction.hpp>
 #include <kvc/gear/host_linalg.hpp>
+#include <kvc/gear/literal_mode.hpp>
 #include <kvc/quant/codec.hpp>
 #include <kvc/quant/no_quantizer.hpp>
 #include <kvc/select/full_precision_window.hpp>
@@ -71,13 +72,23 @@ struct resolve_policies {
                                                                      : value_q::kRequiredBlockTokens;
   using block = typename find_policy<kind::block_layout, BlockTokens<kRequired != 0 ? kRequired : 32>, P...>::type;
 
-  // GEAR's corrections (void when absent), applied to every quantized side.
+  // GEAR's corrections (void when absent), applied to every quantized side. Block-scope outliers
+  // and the residual live in each block's correction region; stream-scope outliers in a side table.
   using outliers = typename find_policy<kind::outlier_filter, void, P...>::type;
   using residual = typename find_policy<kind::residual, void, P...>::type;
+  using streaming = typename find_policy<kind::streaming, void, P...>::type;  // void: block mode
   static constexpr bool kCorrected = !std::is_void_v<outliers> || !std::is_void_v<residual>;
+  static constexpr bool kStreamScope = [] {
+    if constexpr (std::is_void_v<outliers>) return false;
+    else if constexpr (requires { outliers::kStreamScope; }) return bool(outliers::kStreamScope);
+    else return false;
+  }();
+  using block_outliers = std::conditional_t<kStreamScope, void, outliers>;
+  using stream_outliers = std::conditional_t<kStreamScope, outliers, void>;
+  static constexpr bool kBlockCorrected = !std::is_void_v<block_outliers> || !std::is_void_v<residual>;
   template <class Q, bool Keys>
-  using correction_of = std::conditional_t<kCorrected && !Q::kIsIdentity, BlockCorrection<outliers, residual, Keys>,
-                                           NoCorrection>;
+  using correction_of = std::conditional_t<kBlockCorrected && !Q::kIsIdentity,
+                                           BlockCorrection<block_outliers, residual, Keys>, NoCorrection>;
   using key_corr = correction_of<key_q, true>;
   using value_corr = correction_of<value_q, false>;
 };
@@ -105,6 +116,14 @@ class CompressedKVCache {
                 "keys nor values");
   static_assert(detail::count_kind<kind::loader, P...> == 0,
                 "kvc: loader policies are not supported by CompressedKVCache yet");
+  static_assert(std::is_void_v<typename R::streaming> || std::is_same_v<typename R::streaming, LiteralMode>,
+                "kvc: the streaming policy must be kvc::LiteralMode (block mode is the default: no policy)");
+  static_assert(std::is_void_v<typename R::streaming> || R::kCorrected,
+                "kvc::LiteralMode recompresses GEAR's corrections: add kvc::OutlierFilter and/or "
+                "kvc::LowRankResidual");
+  static_assert(!R::kStreamScope || !std::is_void_v<typename R::streaming>,
+                "kvc: OutlierScope::kStream selects outliers over the whole history, which only kvc::LiteralMode "
+                "recompresses; block mode compresses each block once (use OutlierScope::kBlock)");
 
  public:
   using key_quantizer = typename R::key_q;
@@ -113,8 +132,10 @@ class CompressedKVCache {
   static constexpr int kBlockTokens = R::block::kTokens;
   using outlier_filter = typename R::outliers;  ///< void when absent
   using residual = typename R::residual;        ///< void when absent
+  using stream_outliers = typename R::stream_outliers;  ///< void unless OutlierScope::kStream
+  static constexpr bool kLiteral = !std::is_void_v<typename R::streaming>;  ///< GEAR Algorithm 1 streaming
   using layout = CacheLayout<key_quantizer, value_quantizer, selector, kBlockTokens, typename R::key_corr,
-                             typename R::value_corr>;
+                             typename R::value_corr, stream_outliers>;
   using params_type = typename layout::Params;
   using key_format = typename layout::key_format;
   using value_format = typename layout::value_format;
@@ -141,6 +162,12 @@ class CompressedKVCache {
     check_correction<value_format>("value");
     const int S = selector::kSink, Rw = selector::kRecent;
     cap_blocks_ = cfg.capacity > S + Rw ? (cfg.capacity - S - Rw) / kBlockTokens : 0;
+    if constexpr (layout::kStreamOutliers) {
+      KVC_CHECK(std::int64_t(kBlockTokens) * cfg.head_dim <= 65536, Errc::kInvalidArgument,
+                "outliers use 16-bit in-block indices, but a block holds ", std::int64_t(kBlockTokens) * cfg.head_dim,
+                " > 65536 entries (BlockTokens x head_dim)");
+      out_cap_ = stream_outliers::count(cap_blocks_ * kBlockTokens, cfg.head_dim);
+    }
     const std::size_t streams = std::size_t(cfg.layers) * cfg.batch * cfg.kv_heads;
     const std::size_t d = std::size_t(cfg.head_dim);
     k_blocks_ = AlignedBuffer<std::byte>(streams * cap_blocks_ * key_format::block_bytes(cfg.head_dim));
@@ -150,6 +177,8 @@ class CompressedKVCache {
     k_ring_ = AlignedBuffer<window_t>(streams * layout::kRingTokens * d);
     v_ring_ = AlignedBuffer<window_t>(streams * layout::kRingTokens * d);
     lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
+    if constexpr (layout::kKeyStreamOutliers) k_out_ = OutlierTable(streams, cap_blocks_, out_cap_);
+    if constexpr (layout::kValueStreamOutliers) v_out_ = OutlierTable(streams, cap_blocks_, out_cap_);
     if constexpr (kWarmStart) {
       warm_k_.assign(streams * d * key_format::correction::rank(kBlockTokens, cfg.head_dim), 0.0f);
       warm_v_.assign(streams * d * value_format::correction::rank(kBlockTokens, cfg.head_dim), 0.0f);
@@ -189,6 +218,8 @@ class CompressedKVCache {
 
     const params_type p = params(layer);
     const int S = selector::kSink, Rw = selector::kRecent, B = kBlockTokens, d = cfg_.head_dim;
+    const int blocks_before = selector::quantized_blocks(n, B);
+    std::vector<float> pending;  // LiteralMode: exact rows of the blocks completed by this append
     for (int t = 0; t < k.dim0; ++t) {
       const int pos = n;
       for (int h = 0; h < cfg_.kv_heads; ++h) {
@@ -198,11 +229,25 @@ class CompressedKVCache {
       n = pos + 1;
       const int nb = selector::quantized_blocks(pos, B);  // blocks before this token
       if (pos >= S && n - S - nb * B == Rw + B) {
-        for (int h = 0; h < cfg_.kv_heads; ++h) {
-          quantize_block<key_format>(p, Side::kKey, layer, seq, h, nb, p.key_block(seq, h, nb));
-          quantize_block<value_format>(p, Side::kValue, layer, seq, h, nb, p.value_block(seq, h, nb));
+        if constexpr (kLiteral) {
+          // Stash the block's exact rows [head][side][B][d] before the ring reuses their slots.
+          const std::size_t at = pending.size();
+          pending.resize(at + std::size_t(cfg_.kv_heads) * 2 * B * d);
+          for (int h = 0; h < cfg_.kv_heads; ++h)
+            for (int sd = 0; sd < 2; ++sd)
+              for (int r = 0; r < B; ++r)
+                convert(p.fp_row(sd == 0 ? Side::kKey : Side::kValue, seq, h, S + nb * B + r),
+                        pending.data() + at + ((std::size_t(h) * 2 + sd) * B + r) * d, std::size_t(d));
+        } else {
+          for (int h = 0; h < cfg_.kv_heads; ++h) {
+            quantize_block<key_format>(p, Side::kKey, layer, seq, h, nb, p.key_block(seq, h, nb));
+            quantize_block<value_format>(p, Side::kValue, layer, seq, h, nb, p.value_block(seq, h, nb));
+          }
         }
       }
+    }
+    if constexpr (kLiteral) {
+      if (!pending.empty()) flush_literal(p, layer, seq, blocks_before, selector::quantized_blocks(n, B), pending);
     }
   }
 
@@ -229,20 +274,33 @@ class CompressedKVCache {
                        self->k_sink_.data() + s0 * selector::kSink * d,
                        self->v_sink_.data() + s0 * selector::kSink * d,
                        self->k_ring_.data() + s0 * layout::kRingTokens * d,
-                       self->v_ring_.data() + s0 * layout::kRingTokens * d};
+                       self->v_ring_.data() + s0 * layout::kRingTokens * d,
+                       out_cap_,
+                       self->k_out_.offsets(s0),
+                       self->k_out_.indices(s0),
+                       self->k_out_.values(s0),
+                       self->v_out_.offsets(s0),
+                       self->v_out_.indices(s0),
+                       self->v_out_.values(s0)};
   }
 
   /// Bytes holding live data of one layer: codes, fp16 scales and zeros (lo, step), block padding,
-  /// sink and window tokens. One fused decode step over the layer reads exactly these bytes.
+  /// correction regions, stream-scope outlier entries with their block offsets, sink and window
+  /// tokens. One fused decode step over the layer reads exactly these bytes.
   [[nodiscard]] std::size_t stored_bytes(int layer) const {
     std::size_t total = 0;
     for (int s = 0; s < cfg_.batch; ++s) {
       const int n = length(layer, s);
       const int nb = selector::quantized_blocks(n, kBlockTokens);
       const std::size_t fp_tokens = std::size_t(n) - std::size_t(nb) * kBlockTokens;
+      std::size_t table = 0;  // per side: the entries and the nb + 1 offsets the kernel reads
+      if constexpr (layout::kStreamOutliers)
+        if (nb > 0)
+          table = stream_outliers::bytes(nb * kBlockTokens, cfg_.head_dim) + (std::size_t(nb) + 1) * sizeof(std::uint32_t);
+      const int table_sides = int(layout::kKeyStreamOutliers) + int(layout::kValueStreamOutliers);
       total += std::size_t(cfg_.kv_heads) *
                (nb * (key_format::block_bytes(cfg_.head_dim) + value_format::block_bytes(cfg_.head_dim)) +
-                fp_tokens * 2u * cfg_.head_dim * sizeof(window_t));
+                fp_tokens * 2u * cfg_.head_dim * sizeof(window_t) + table_sides * table);
     }
     return total;
   }
@@ -269,7 +327,7 @@ class CompressedKVCache {
   [[nodiscard]] std::size_t allocated_bytes() const {
     return k_blocks_.size() + v_blocks_.size() +
            (k_sink_.size() + v_sink_.size() + k_ring_.size() + v_ring_.size()) * sizeof(window_t) +
-           lengths_.size() * sizeof(int);
+           k_out_.bytes() + v_out_.bytes() + lengths_.size() * sizeof(int);
   }
 
   /// Reconstructs what the cache holds for (layer, seq) into k, v: [length][kv_heads][head_dim].
@@ -281,8 +339,8 @@ class CompressedKVCache {
     std::vector<float> kx(std::size_t(kBlockTokens) * d), vx(kx.size());
     for (int h = 0; h < H; ++h)
       for (int blk = 0; blk < nb; ++blk) {
-        key_format::decode_block(p.key_block(seq, h, blk), d, kx.data());
-        value_format::decode_block(p.value_block(seq, h, blk), d, vx.data());
+        reconstruct_block<key_format>(p, seq, h, blk, kx.data());
+        reconstruct_block<value_format>(p, seq, h, blk, vx.data());
         for (int t = 0; t < kBlockTokens; ++t) {
           const std::size_t row = (std::size_t(S + blk * kBlockTokens + t) * H + h) * d;
           std::copy_n(kx.data() + std::size_t(t) * d, d, k + row);
@@ -345,15 +403,33 @@ class CompressedKVCache {
       }
   }
 
-  /// Compresses block `blk` of one stream from its full-precision ring rows into `dst`: with an
-  /// outlier filter, the outliers are selected first and the backbone's statistics taken over the
-  /// inliers; with corrections, the region after the backbone is fitted to what it left (SPEC §1.3).
+  /// Compresses block `blk` of one stream from its full-precision ring rows into `dst` (block mode).
   template <class F>
   void quantize_block(const params_type& p, Side side, int layer, int seq, int head, int blk, std::byte* dst) {
     constexpr int B = kBlockTokens;
     const int d = cfg_.head_dim, first = selector::kSink + blk * B;
     std::vector<float> x(std::size_t(B) * d);
     for (int t = 0; t < B; ++t) convert(p.fp_row(side, seq, head, first + t), x.data() + std::size_t(t) * d, std::size_t(d));
+    compress_block<F>(x.data(), side, layer, seq, head, blk, dst, {});
+  }
+
+  /// Compresses the exact block x ([B][d] row-major) into `dst`: with an outlier filter, the
+  /// outliers are selected first (per block, or given: `so`, this block's share of the stream-scope
+  /// selection, in-block indices ascending, whose entries go to so.idx/so.val) and the backbone's
+  /// statistics taken over the inliers; with corrections, the region after the backbone is fitted
+  /// to what the backbone and the outliers left (SPEC §1.3).
+  struct StreamShare {
+    const std::uint32_t* pos = nullptr;  // in-block indices, ascending
+    int n = 0;
+    std::uint16_t* idx = nullptr;  // where the entries go
+    half_t* val = nullptr;
+  };
+  template <class F>
+  void compress_block(const float* x, Side side, int layer, int seq, int head, int blk, std::byte* dst,
+                      StreamShare so) {
+    constexpr int B = kBlockTokens;
+    const int d = cfg_.head_dim;
+    const std::size_t elems = std::size_t(B) * d;
     if constexpr (F::kIdentity) {
       using T = typename F::element;
       T* out = reinterpret_cast<T*>(dst);
@@ -365,11 +441,15 @@ class CompressedKVCache {
       std::vector<std::uint32_t> out_idx;
       std::vector<std::uint8_t> outlier;
       if constexpr (C::kActive && C::kOutliers) {
-        out_idx = select_outliers(x.data(), x.size(), std::size_t(C::outliers(B, d) / 2));
-        outlier.assign(x.size(), 0);
+        out_idx = select_outliers(x, elems, std::size_t(C::outliers(B, d) / 2));
+        outlier.assign(elems, 0);
         for (std::uint32_t i : out_idx) outlier[i] = 1;
       }
-      std::vector<std::uint8_t> codes(std::size_t(B) * d);
+      if (so.n > 0) {
+        outlier.assign(elems, 0);
+        for (int o = 0; o < so.n; ++o) outlier[so.pos[o]] = 1;
+      }
+      std::vector<std::uint8_t> codes(elems);
       auto* lo = reinterpret_cast<half_t*>(dst + F::code_bytes(d));
       half_t* step = lo + F::groups(d);
       const int gt = F::kGroupTokens, gc = F::group_channels(d);
@@ -385,9 +465,16 @@ class CompressedKVCache {
           step[g] = m.step;
         }
       pack_codes(codes.data(), codes.size(), Q::kBits, reinterpret_cast<std::uint8_t*>(dst));
+      if (!C::kActive && so.n == 0) return;
+      std::vector<float> xhat(elems);
+      F::decode_backbone(dst, d, xhat.data());
+      for (int o = 0; o < so.n; ++o) {  // stream-scope outliers store x - x^ like block-scope ones
+        const std::uint32_t i = so.pos[o];
+        so.idx[o] = static_cast<std::uint16_t>(i);
+        so.val[o] = half_t::from_float(x[i] - xhat[i]);
+        xhat[i] += so.val[o].to_float();  // so the residual fit sees x - x^ - S
+      }
       if constexpr (C::kActive) {
-        std::vector<float> xhat(x.size());
-        F::decode_backbone(dst, d, xhat.data());
         float* basis = nullptr;
         if constexpr (kWarmStart) {
           const std::size_t r = std::size_t(C::rank(B, d)), stream = (std::size_t(layer) * cfg_.batch + seq) * cfg_.kv_heads + head;
@@ -398,9 +485,77 @@ class CompressedKVCache {
                                       std::uint64_t(head)) * 0x85EBCA77ull + std::uint64_t(blk)) << 1) |
                                    (side == Side::kKey ? 0u : 1u);
         HostLinalg la;
-        C::fit(x.data(), xhat.data(), out_idx.data(), B, d, dst + F::correction_offset(d), la, basis,
-               kWarmStart && blk > 0, seed);
+        C::fit(x, xhat.data(), out_idx.data(), B, d, dst + F::correction_offset(d), la, basis, kWarmStart && blk > 0,
+               seed);
       }
+    }
+  }
+
+  /// What block `blk` of (seq, head) holds, x[t * d + c]: the block's own decode plus, with
+  /// stream-scope outliers, its share of the stream's table.
+  template <class F>
+  void reconstruct_block(const params_type& p, int seq, int head, int blk, float* x) const {
+    constexpr Side side = F::kSide;
+    F::decode_block(side == Side::kKey ? p.key_block(seq, head, blk) : p.value_block(seq, head, blk), cfg_.head_dim, x);
+    if constexpr (layout::kStreamOutliers && !F::kIdentity) {
+      const OutlierSlice sl = p.outliers(side, seq, head, blk);
+      for (int o = 0; o < sl.n; ++o) x[sl.idx[o]] += sl.val[o].to_float();
+    }
+  }
+
+  /// LiteralMode flush (GEAR Algorithm 1): blocks [0, old_blocks) are rebuilt from their
+  /// reconstruction, blocks [old_blocks, new_blocks) come exact from `pending` ([block][head][side]
+  /// [B][d]), and every block of every head is compressed again.
+  void flush_literal(const params_type& p, int layer, int seq, int old_blocks, int new_blocks,
+                     const std::vector<float>& pending) {
+    constexpr int B = kBlockTokens;
+    const int d = cfg_.head_dim, H = cfg_.kv_heads;
+    const std::size_t bd = std::size_t(B) * d;
+    std::vector<float> x(std::size_t(new_blocks) * bd);
+    for (int h = 0; h < H; ++h)
+      for (int sd = 0; sd < 2; ++sd) {
+        const Side side = sd == 0 ? Side::kKey : Side::kValue;
+        for (int b = 0; b < new_blocks; ++b) {
+          float* xb = x.data() + std::size_t(b) * bd;
+          if (b < old_blocks) {
+            if (side == Side::kKey) reconstruct_block<key_format>(p, seq, h, b, xb);
+            else reconstruct_block<value_format>(p, seq, h, b, xb);
+          } else {
+            const float* src = pending.data() + ((std::size_t(b - old_blocks) * H + h) * 2 + sd) * bd;
+            std::copy_n(src, bd, xb);
+          }
+        }
+        if (side == Side::kKey) recompress<key_format>(p, side, layer, seq, h, new_blocks, x.data());
+        else recompress<value_format>(p, side, layer, seq, h, new_blocks, x.data());
+      }
+  }
+
+  /// Compresses blocks [0, nb) of one stream side from x ([nb * B][d]); with stream-scope outliers,
+  /// selects them over all nb * B * d entries first and rewrites the side's table.
+  template <class F>
+  void recompress(const params_type& p, Side side, int layer, int seq, int head, int nb, const float* x) {
+    constexpr int B = kBlockTokens;
+    const std::size_t bd = std::size_t(B) * cfg_.head_dim;
+    auto dst = [&](int b) { return side == Side::kKey ? p.key_block(seq, head, b) : p.value_block(seq, head, b); };
+    if constexpr (layout::kStreamOutliers && !F::kIdentity) {
+      const std::size_t per_side = std::size_t(stream_outliers::per_side(static_cast<long long>(nb) * bd));
+      std::vector<std::uint32_t> all = select_outliers(x, std::size_t(nb) * bd, per_side);  // ascending
+      const std::size_t st = std::size_t(p.stream(seq, head));
+      const bool k = side == Side::kKey;
+      std::uint32_t* off = (k ? p.k_out_off : p.v_out_off) + st * (std::size_t(cap_blocks_) + 1);
+      std::uint16_t* idx = (k ? p.k_out_idx : p.v_out_idx) + st * std::size_t(out_cap_);
+      half_t* val = (k ? p.k_out_val : p.v_out_val) + st * std::size_t(out_cap_);
+      std::size_t o = 0;
+      off[0] = 0;
+      for (int b = 0; b < nb; ++b) {
+        const std::size_t begin = o, base = std::size_t(b) * bd;
+        for (; o < all.size() && all[o] < base + bd; ++o) all[o] -= std::uint32_t(base);
+        off[b + 1] = std::uint32_t(o);
+        StreamShare share{all.data() + begin, int(o - begin), idx + begin, val + begin};
+        compress_block<F>(x + base, side, layer, seq, head, b, dst(b), share);
+      }
+    } else {
+      for (int b = 0; b < nb; ++b) compress_block<F>(x + std::size_t(b) * bd, side, layer, seq, head, b, dst(b), {});
     }
   }
 
@@ -423,8 +578,28 @@ class CompressedKVCache {
     else return residual::kInit == LowRankInit::kWarm;
   }();
 
+  /// Stream-scope outliers of one side: per stream, nb + 1 block offsets and the entries.
+  struct OutlierTable {
+    AlignedBuffer<std::uint32_t> off;
+    AlignedBuffer<std::uint16_t> idx;
+    AlignedBuffer<half_t> val;
+    std::size_t per_off = 0, per_entry = 0;
+    OutlierTable() = default;
+    OutlierTable(std::size_t streams, int cap_blocks, int cap)
+        : off(streams * (std::size_t(cap_blocks) + 1)), idx(streams * std::size_t(cap)), val(streams * std::size_t(cap)),
+          per_off(std::size_t(cap_blocks) + 1), per_entry(std::size_t(cap)) {}
+    std::uint32_t* offsets(std::size_t s0) { return off.size() ? off.data() + s0 * per_off : nullptr; }
+    std::uint16_t* indices(std::size_t s0) { return idx.size() ? idx.data() + s0 * per_entry : nullptr; }
+    half_t* values(std::size_t s0) { return val.size() ? val.data() + s0 * per_entry : nullptr; }
+    std::size_t bytes() const {
+      return off.size() * sizeof(std::uint32_t) + idx.size() * sizeof(std::uint16_t) + val.size() * sizeof(half_t);
+    }
+  };
+
   CacheConfig cfg_;
   int cap_blocks_ = 0;
+  int out_cap_ = 0;  // stream-scope outlier entries per stream and side
+  OutlierTable k_out_, v_out_;
   AlignedBuffer<std::byte> k_blocks_, v_blocks_;
   AlignedBuffer<window_t> k_sink_, v_sink_, k_ring_, v_ring_;
   std::vector<int> lengths_;

@@ -23,6 +23,7 @@ struct block_layout {};     ///< tokens per block
 struct outlier_filter {};   ///< sparse full-precision outliers (GEAR, QAQ)
 struct residual {};         ///< low-rank residual correction (GEAR)
 struct loader {};           ///< how attention reads stored elements (AlignedKV)
+struct streaming {};        ///< when compressed blocks are recompressed (GEAR's literal mode)
 }  // namespace kind
 
 template <class P>
@@ -108,7 +109,8 @@ struct check_policies {
       count_kind<kind::quantizer, P...> <= 1 && count_kind<kind::key_quantizer, P...> <= 1 &&
       count_kind<kind::value_quantizer, P...> <= 1 && count_kind<kind::selector, P...> <= 1 &&
       count_kind<kind::block_layout, P...> <= 1 && count_kind<kind::outlier_filter, P...> <= 1 &&
-      count_kind<kind::residual, P...> <= 1 && count_kind<kind::loader, P...> <= 1;
+      count_kind<kind::residual, P...> <= 1 && count_kind<kind::loader, P...> <= 1 &&
+      count_kind<kind::streaming, P...> <= 1;
   static_assert(!kAllPolicies || kNoDuplicates,
                 "kvc: duplicate policy kind: CompressedKVCache takes at most one policy of each kind "
                 "(one quantizer or one keys<>/values<> pair, one selector, one BlockTokens)");

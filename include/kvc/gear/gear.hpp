@@ -9,10 +9,12 @@
 ///  - low_rank_residual.hpp  LowRankResidual<KRank, VRank, Iters, Init, EveryQR>, Rho<bp>, Rank<r>
 ///  - power_iteration.hpp    the fit, once, against a GEMM + thin-QR backend (host: host_linalg.hpp)
 ///  - block_correction.hpp   the per-block region and the attention epilogues (host+device)
+///  - literal_mode.hpp       block mode [default] vs LiteralMode (Algorithm 1: recompress the history)
 #pragma once
 
 #include <kvc/gear/block_correction.hpp>
 #include <kvc/gear/host_linalg.hpp>
+#include <kvc/gear/literal_mode.hpp>
 #include <kvc/gear/low_rank_residual.hpp>
 #include <kvc/gear/outlier_filter.hpp>
 #include <kvc/gear/power_iteration.hpp>

@@ -3,9 +3,16 @@
 /// GEAR's sparse outlier filter (SPEC §1.3 step 1, §0.4, G5, G7): the signed top s/2 and bottom s/2
 /// of a block's entries stay exact; the backbone quantizer's statistics are taken over the inliers.
 ///
-/// Scope: one block (BlockTokens x head_dim) of one KV head [default, SPEC G1/G6 block mode].
-/// Storage per block and side, 4 bytes per outlier (SPEC G7: blocked 16-bit local indices):
-///   [uint16 index x n][fp16 value x n],  index = t * head_dim + c, ascending, n = 2 * per_side.
+/// Scope (OutlierScope):
+///  - kBlock [default]: the top/bottom s/2 of each block (BlockTokens x head_dim) of one KV head.
+///    Storage per block and side, in the block's correction region, 4 bytes per outlier (SPEC G7:
+///    blocked 16-bit local indices): [uint16 index x n][fp16 value x n], index = t * head_dim + c,
+///    ascending, n = 2 * per_side(B * d).
+///  - kStream (paper mode, SPEC §1.3 step 1 over the whole history): the top/bottom s/2 of all
+///    compressed tokens of one KV head, selected again at every recompression; needs kvc::LiteralMode
+///    (block mode never revisits a block). A block may hold any share of them, so they live in a
+///    per-stream side table (cache_layout.hpp): the same 4-byte entries, ascending, plus one uint32
+///    start offset per block; the kernels call the same epilogues on each block's slice.
 /// The stored value is the correction x - D^(t, c) (the exact entry minus what the backbone's code
 /// at that position decodes to), so backbone + outliers reproduce x to fp16 rounding there and the
 /// backbone needs no mask in the attention kernels (SPEC G5 "masked" convention).
@@ -23,26 +30,35 @@
 
 namespace kvc {
 
+/// Over which entries the outliers are chosen (see the file comment).
+enum class OutlierScope { kBlock, kStream };
+
 /// \tparam BasisPoints the outlier fraction s in 1/10000 (200 = 2 %, GEAR's default), split s/2 to
-///         the largest and s/2 to the smallest signed entries: per_side = floor(B * d * s / 2).
-template <int BasisPoints = 200>
+///         the largest and s/2 to the smallest signed entries: per_side = floor(N * s / 2) of the N
+///         entries in scope.
+/// \tparam Scope       OutlierScope::kBlock [default] or kStream (paper mode, with kvc::LiteralMode)
+template <int BasisPoints = 200, OutlierScope Scope = OutlierScope::kBlock>
 struct OutlierFilter {
   static_assert(BasisPoints > 0 && BasisPoints < 10000,
                 "kvc::OutlierFilter<BasisPoints>: the outlier fraction s = BasisPoints / 10000 must lie in (0, 1)");
   using policy_kind = kind::outlier_filter;
   static constexpr int kBasisPoints = BasisPoints;
+  static constexpr OutlierScope kScope = Scope;
+  static constexpr bool kStreamScope = Scope == OutlierScope::kStream;
   static constexpr double kFraction = BasisPoints / 10000.0;
   static constexpr const char* name() noexcept { return "outliers"; }
 
-  /// Outliers kept on each side (largest / smallest) of a block of `elements` entries. Host+device.
-  KVC_HOST_DEVICE static constexpr int per_side(int elements) noexcept {
-    return static_cast<int>(static_cast<long long>(elements) * BasisPoints / 20000);
+  /// Outliers kept on each side (largest / smallest) of `elements` entries in scope. Host+device.
+  KVC_HOST_DEVICE static constexpr int per_side(long long elements) noexcept {
+    return static_cast<int>(elements * BasisPoints / 20000);
   }
-  /// Outliers stored per block (both sides).
-  KVC_HOST_DEVICE static constexpr int count(int block_tokens, int d) noexcept { return 2 * per_side(block_tokens * d); }
-  /// Bytes of a block's outlier region (a multiple of 4).
-  KVC_HOST_DEVICE static constexpr std::size_t bytes(int block_tokens, int d) noexcept {
-    return std::size_t(count(block_tokens, d)) * (sizeof(std::uint16_t) + sizeof(half_t));
+  /// Outliers stored (both sides) for `tokens` x d entries in scope.
+  KVC_HOST_DEVICE static constexpr int count(int tokens, int d) noexcept {
+    return 2 * per_side(static_cast<long long>(tokens) * d);
+  }
+  /// Bytes of `count(tokens, d)` entries (a multiple of 4).
+  KVC_HOST_DEVICE static constexpr std::size_t bytes(int tokens, int d) noexcept {
+    return std::size_t(count(tokens, d)) * (sizeof(std::uint16_t) + sizeof(half_t));
   }
   KVC_HOST_DEVICE static const std::uint16_t* indices(const std::byte* region) noexcept {
     return reinterpret_cast<const std::uint16_t*>(region);

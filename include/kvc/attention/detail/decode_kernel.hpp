@@ -81,7 +81,7 @@ class DecodeKernel {
       if (kPrefetchBytes > 0 && b + 1 < b1)
         s.near.start(p_.key_block(seq, kvh, b + 1), KF::block_bytes(d), p_.value_block(seq, kvh, b + 1),
                      VF::block_bytes(d));
-      block(s, it, p_.key_block(seq, kvh, b), p_.value_block(seq, kvh, b));
+      block(s, it, seq, kvh, b);
       s.pf.finish();
       s.near.finish();
     }
@@ -209,7 +209,9 @@ class DecodeKernel {
     s.kscale = take(gk);
     s.vzero = take(gv);
     s.vscale = take(gv);
-    s.cwork = take(std::max(KF::correction::work_floats(B, d_), VF::correction::work_floats(B, d_)) + 1);
+    // A block's share of stream-scope outliers is at most all of its B * d entries.
+    const std::size_t stream_share = Layout::kStreamOutliers ? std::size_t(B) * d : 0;
+    s.cwork = take(std::max({KF::correction::work_floats(B, d_), VF::correction::work_floats(B, d_), stream_share}) + 1);
     return s;
   }
 
@@ -442,16 +444,27 @@ class DecodeKernel {
   }
 
   // ---------------------------------------------------------------- one block
-  /// The policies' per-block corrections (GEAR's outliers and low-rank factors) run as epilogues of
-  /// the scores (before the softmax) and of the value accumulation (same probabilities).
-  void block(Scratch& s, Item& it, const std::byte* kb, const std::byte* vb) const {
+  /// The policies' per-block corrections (GEAR's outliers and low-rank factors, in the block or in
+  /// the stream's outlier table) run as epilogues of the scores (before the softmax) and of the value
+  /// accumulation (same probabilities).
+  void block(Scratch& s, Item& it, int seq, int kvh, int b) const {
+    const std::byte* kb = p_.key_block(seq, kvh, b);
+    const std::byte* vb = p_.value_block(seq, kvh, b);
     key_scores(s, kb);
     if constexpr (KF::kCorrected)
       KF::correction::add_scores(KF::correction_region(kb, d_), widen_correction<KF>(s, kb), B, d_, s.qf, g_, s.sc, B);
+    if constexpr (Layout::kKeyStreamOutliers) {
+      const OutlierSlice o = p_.outliers(Side::kKey, seq, kvh, b);
+      Layout::stream_outliers::add_scores(o.idx, widen(s, o.val, o.n), o.n, d_, s.qf, g_, s.sc, B);
+    }
     softmax_update(s, it, B);
     if constexpr (VF::kCorrected)
       VF::correction::add_output(VF::correction_region(vb, d_), widen_correction<VF>(s, vb), B, d_, s.sc, g_, B,
                                  it.acc);
+    if constexpr (Layout::kValueStreamOutliers) {
+      const OutlierSlice o = p_.outliers(Side::kValue, seq, kvh, b);
+      Layout::stream_outliers::add_output(o.idx, widen(s, o.val, o.n), o.n, d_, s.sc, g_, B, it.acc);
+    }
     value_accumulate(s, it, vb);
   }
 
@@ -459,8 +472,10 @@ class DecodeKernel {
   template <class Fmt>
   const float* widen_correction(Scratch& s, const std::byte* blk) const {
     using C = typename Fmt::correction;
-    const half_t* h = C::halves(Fmt::correction_region(blk, d_), B, d_);
-    const int n = C::half_count(B, d_);
+    return widen(s, C::halves(Fmt::correction_region(blk, d_), B, d_), C::half_count(B, d_));
+  }
+  /// n fp16 values widened into s.cwork (n <= the scratch's correction capacity).
+  const float* widen(Scratch& s, const half_t* h, int n) const {
     int i = 0;
     for (; i + N <= n; i += N) F::load(h + i).store(s.cwork + i);
     for (; i < n; ++i) s.cwork[i] = h[i].to_float();
