@@ -188,8 +188,11 @@ const int registered = [] {
   // Decode-time compression, block mode vs GEAR's literal mode (Algorithm 1) on the same policies.
   using namespace kvc::schemes;
   register_append_decode<GearKivi2>("gear_kivi2");
-  register_append_decode<KiviWith<2, 32, 32, 128, kvc::OutlierFilter<100>, kvc::LowRankResidual<kvc::Rank<1>>,
+  register_append_decode<KiviWith<2, 32, 32, 128, kvc::OutlierFilter<50>, kvc::LowRankResidual<kvc::Rank<1>>,
                                    kvc::LiteralMode>>("gear_kivi2_literal");
+  // GearKivi2 with the 1 % outliers it had before (the speed side of picking s).
+  register_scheme<KiviWith<2, 32, 32, 128, kvc::OutlierFilter<100>, kvc::LowRankResidual<kvc::Rank<1>>>>(
+      "gear_kivi2_s1");
   register_append_decode<Gear4>("gear4");
   register_append_decode<Gear4Literal>("gear4_literal");
   register_append_decode<Gear4Paper>("gear4_paper");

@@ -87,6 +87,14 @@ SchemeEntry entry(std::string name, std::string description) {
 }
 }  // namespace detail
 
+/// KIVI-style `Bits` backbone with 64-token blocks (key groups), 64-channel value groups, the first 64
+/// tokens in fp16 (an attention sink; 64 keeps the blocks aligned at 2048 tokens) and a `Window`-token
+/// fp16 window, then `Corrections`.
+template <int Bits, int Window = 0, class... Corrections>
+using SinkKivi = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<Bits, 64, kvc::Axis::kChannel>>,
+                                        kvc::values<kvc::GroupQuantizer<Bits, 64, kvc::Axis::kToken>>,
+                                        kvc::FullPrecisionWindow<Window, 64>, Corrections...>;
+
 /// Every scheme kvc-eval knows, in a stable order. The first entry is the exact reference.
 inline const std::vector<SchemeEntry>& scheme_registry() {
   using namespace kvc::schemes;
@@ -110,6 +118,8 @@ inline const std::vector<SchemeEntry>& scheme_registry() {
                                                             "KIVI 2-bit with a 4-token attention sink kept in fp16"),
       entry<Kivi<1>>("kivi1", "KIVI 1-bit, group 32, 128-token fp16 window"),
       entry<Gear4>("gear4", "GEAR (paper): per-block 4-bit, 2 % outliers, rank rho 2 %, 64-token blocks"),
+      entry<Gear4Literal>("gear4-literal", "gear4 in literal mode (Algorithm 1: history recompressed every 64 tokens)"),
+      entry<Gear4Paper>("gear4-paper", "gear4 literal mode with outliers over each head's whole history (paper mode)"),
       entry<OutlierQuant4>("outlier4", "GEAR ablation: per-block 4-bit + 5 % outliers (outlier-reduced quantization)"),
       entry<LowRankQuant4>("lowrank4", "GEAR ablation: per-block 4-bit + rank rho 5 %"),
       entry<GearKivi4>("gear-kivi4", "GEAR on KIVI-4: 128-token blocks, 64-channel value groups, 1 % outliers, rank 1"),
@@ -125,12 +135,33 @@ inline const std::vector<SchemeEntry>& scheme_registry() {
           "gear-kivi3-b64-w64-s1", "3-bit, 64-token key groups, 64-channel value groups, window 64, 1 % outliers"),
       entry<KiviWith<3, 128, 64, 0, OutlierFilter<100>>>(
           "gear-kivi3-b128-s1", "3-bit, 128-token key groups, 64-channel value groups, no window, 1 % outliers"),
-      entry<GearKivi2>("gear-kivi2", "GEAR on KIVI-2 (group 32, window 128): 1 % outliers, rank 1"),
+      entry<GearKivi2>("gear-kivi2", "GEAR on KIVI-2 (group 32, window 128): 0.5 % outliers, rank 1"),
+      entry<KiviWith<2, 32, 32, 128, OutlierFilter<100>, LowRankResidual<Rank<1>>, LiteralMode>>(
+          "gear-kivi2-literal", "gear-kivi2 in literal mode (Algorithm 1: history recompressed every 32 tokens)"),
       entry<KiviWith<2, 32, 32, 128, OutlierFilter<100>>>("gear-kivi2-s1", "KIVI-2 (group 32, window 128) + 1 % outliers"),
       entry<KiviWith<2, 128, 64, 0, OutlierFilter<50>>>(
           "gear-kivi2-b128-s05", "2-bit, 128-token key groups, 64-channel value groups, no window, 0.5 % outliers"),
       entry<KiviWith<2, 128, 64, 0, OutlierFilter<100>, LowRankResidual<Rank<1>>>>(
           "gear-kivi2-b128-s1-r1", "2-bit, 128-token key groups, 64-channel value groups, no window, 1 % outliers, rank 1"),
+      // A 64-token attention sink (the first tokens, fp16) and no window, 64-token blocks, so blocks
+      // stay aligned at 2048 tokens: KIVI alone, and with GEAR's outliers (is it the sink or GEAR?).
+      entry<SinkKivi<2>>("kivi2-b64-sink64", "2-bit, 64-token key groups, 64-channel value groups, 64-token fp16 sink"),
+      entry<SinkKivi<3>>("kivi3-b64-sink64", "3-bit, 64-token key groups, 64-channel value groups, 64-token fp16 sink"),
+      entry<SinkKivi<4>>("kivi4-b64-sink64", "4-bit, 64-token key groups, 64-channel value groups, 64-token fp16 sink"),
+      entry<SinkKivi<2, 0, OutlierFilter<20>>>("gear-kivi2-b64-sink64-s02", "kivi2-b64-sink64 + 0.2 % outliers"),
+      entry<SinkKivi<2, 0, OutlierFilter<50>>>("gear-kivi2-b64-sink64-s05", "kivi2-b64-sink64 + 0.5 % outliers"),
+      entry<SinkKivi<2, 0, OutlierFilter<100>>>("gear-kivi2-b64-sink64-s1", "kivi2-b64-sink64 + 1 % outliers"),
+      entry<SinkKivi<3, 0, OutlierFilter<20>>>("gear-kivi3-b64-sink64-s02", "kivi3-b64-sink64 + 0.2 % outliers"),
+      entry<SinkKivi<3, 0, OutlierFilter<30>>>("gear-kivi3-b64-sink64-s03", "kivi3-b64-sink64 + 0.3 % outliers"),
+      entry<SinkKivi<3, 0, OutlierFilter<100>>>("gear-kivi3-b64-sink64-s1", "kivi3-b64-sink64 + 1 % outliers"),
+      entry<SinkKivi<4, 0, OutlierFilter<20>>>("gear-kivi4-b64-sink64-s02", "kivi4-b64-sink64 + 0.2 % outliers"),
+      entry<SinkKivi<4, 0, OutlierFilter<50>>>("gear-kivi4-b64-sink64-s05", "kivi4-b64-sink64 + 0.5 % outliers"),
+      entry<SinkKivi<4, 0, OutlierFilter<100>>>("gear-kivi4-b64-sink64-s1", "kivi4-b64-sink64 + 1 % outliers"),
+      entry<SinkKivi<4, 64>>("kivi4-b64-w64-sink64", "kivi4-b64-sink64 with a 64-token fp16 window"),
+      entry<SinkKivi<4, 64, OutlierFilter<50>>>("gear-kivi4-b64-w64-sink64-s05", "kivi4-b64-w64-sink64 + 0.5 % outliers"),
+      entry<SinkKivi<4, 64, OutlierFilter<100>>>("gear-kivi4-b64-w64-sink64-s1", "kivi4-b64-w64-sink64 + 1 % outliers"),
+      entry<KiviWith<2, 32, 32, 128, OutlierFilter<100>, LowRankResidual<Rank<1>>>>(
+          "gear-kivi2-s1-r1", "KIVI-2 (group 32, window 128) + 1 % outliers, rank 1"),
   };
   return registry;
 }

@@ -55,6 +55,7 @@ using KiviWith = CompressedKVCache<keys<GroupQuantizer<Bits, Block, Axis::kChann
 /// GEAR on KIVI-4: 128-token blocks (key groups), 64-channel value groups, 1 % outliers, rank 1, no
 /// window beyond the ring (real-model sweep: README).
 using GearKivi4 = KiviWith<4, 128, 64, 0, OutlierFilter<100>, LowRankResidual<Rank<1>>>;
-/// GEAR on exactly KIVI-2's backbone (group 32, 128-token window): 1 % outliers, rank 1.
-using GearKivi2 = KiviWith<2, 32, 32, 128, OutlierFilter<100>, LowRankResidual<Rank<1>>>;
+/// GEAR on exactly KIVI-2's backbone (group 32, 128-token window): 0.5 % outliers, rank 1 (1 % costs
+/// 1.4x KIVI-2's decode time for KL 0.118 instead of 0.139 on SmolLM2; README).
+using GearKivi2 = KiviWith<2, 32, 32, 128, OutlierFilter<50>, LowRankResidual<Rank<1>>>;
 }  // namespace kvc::schemes
