@@ -28,8 +28,9 @@ using LowRankQuant4 = kvc::schemes::LowRankQuant4;
 // Literal mode (Algorithm 1): block-scope outliers, and the paper mode with stream-scope outliers.
 using Gear4Literal = kvc::schemes::Gear4Literal;
 using Gear4Paper = kvc::schemes::Gear4Paper;
-// Paper mode on a KIVI-2 backbone with a window: the 2-bit kernels, the stream outlier table, rank 1.
-using GearKivi2Paper = KiviWith<2, 32, 32, 64, OutlierFilter<200, kvc::OutlierScope::kStream>,
+// Paper mode on a KIVI-2 backbone with a window: the 2-bit kernels, the stream outlier tables (2 % of
+// keys, 1 % of values), rank 1.
+using GearKivi2Paper = KiviWith<2, 32, 32, 64, OutlierFilter<200, kvc::OutlierScope::kStream, 100>,
                                 LowRankResidual<Rank<1>>, kvc::LiteralMode>;
 
 // ---------------------------------------------------------------------------------------------- outliers
@@ -204,6 +205,31 @@ TEST(GearCache, BitsPerElementCountEveryByte) {
   EXPECT_EQ(c.stored_bytes(), 2u * 2u * (3u * 2688u + 8u * 64u * 2u));
   EXPECT_EQ(c.decode_read_bytes(0), c.stored_bytes());
   EXPECT_NEAR(c.bits_per_element(), 8.0 * double(c.stored_bytes()) / (200.0 * 2 * 2 * 64), 1e-12);
+}
+
+TEST(GearCache, OutlierFractionsArePerSide) {
+  // Keys-only outliers: the value blocks are plain KIVI blocks (same bytes, same reconstruction), the
+  // key blocks carry floor(64 * 64 * 0.01 / 2) = 20 outliers per side; values-only mirrors it.
+  using Plain = KiviWith<3, 64, 64, 0>;
+  using KeysOnly = KiviWith<3, 64, 64, 0, OutlierFilter<100, kvc::OutlierScope::kBlock, 0>>;
+  using ValuesOnly = KiviWith<3, 64, 64, 0, OutlierFilter<0, kvc::OutlierScope::kBlock, 100>>;
+  static_assert(!KeysOnly::value_format::kCorrected && KeysOnly::key_format::kCorrected);
+  static_assert(ValuesOnly::value_format::kCorrected && !ValuesOnly::key_format::kCorrected);
+  EXPECT_EQ(KeysOnly::key_format::correction::outliers(64, 64), 40);
+  EXPECT_EQ(KeysOnly::value_format::block_bytes(64), Plain::value_format::block_bytes(64));
+  EXPECT_EQ(ValuesOnly::key_format::block_bytes(64), Plain::key_format::block_bytes(64));
+  const auto p = make_filled<Plain>(1, 2, 64, {200}, 5);
+  const auto k = make_filled<KeysOnly>(1, 2, 64, {200}, 5);
+  const auto v = make_filled<ValuesOnly>(1, 2, 64, {200}, 5);
+  const auto dp = dequantize(*p.cache, 0, 0);
+  const auto dk = dequantize(*k.cache, 0, 0);
+  const auto dv = dequantize(*v.cache, 0, 0);
+  EXPECT_TRUE(bytes_equal(dp.v, dk.v));
+  EXPECT_TRUE(bytes_equal(dp.k, dv.k));
+  EXPECT_LT(rel_error(k, true), rel_error(p, true));
+  EXPECT_LT(rel_error(v, false), rel_error(p, false));
+  EXPECT_EQ(k.cache->stored_bytes(), v.cache->stored_bytes());  // same bytes, on the other side
+  EXPECT_GT(k.cache->stored_bytes(), p.cache->stored_bytes());
 }
 
 TEST(GearCache, OutliersAreExactUpToFp16AndTheLowRankPart) {

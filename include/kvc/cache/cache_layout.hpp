@@ -163,8 +163,13 @@ struct CacheLayout {
   static constexpr int kRingTokens = Sel::ring_tokens(B);
   using stream_outliers = StreamOutliers;
   static constexpr bool kStreamOutliers = !std::is_void_v<StreamOutliers>;
-  static constexpr bool kKeyStreamOutliers = kStreamOutliers && !KQ::kIsIdentity;
-  static constexpr bool kValueStreamOutliers = kStreamOutliers && !VQ::kIsIdentity;
+  template <bool Keys>
+  static constexpr bool stream_outliers_on() {
+    if constexpr (std::is_void_v<StreamOutliers>) return false;
+    else return StreamOutliers::on(Keys);
+  }
+  static constexpr bool kKeyStreamOutliers = stream_outliers_on<true>() && !KQ::kIsIdentity;
+  static constexpr bool kValueStreamOutliers = stream_outliers_on<false>() && !VQ::kIsIdentity;
 
   /// One layer's view of the cache. Trivially copyable; pointers are host or device memory.
   struct Params {

@@ -85,9 +85,14 @@ struct resolve_policies {
   }();
   using block_outliers = std::conditional_t<kStreamScope, void, outliers>;
   using stream_outliers = std::conditional_t<kStreamScope, outliers, void>;
-  static constexpr bool kBlockCorrected = !std::is_void_v<block_outliers> || !std::is_void_v<residual>;
+  template <bool Keys>
+  static constexpr bool block_corrected() {
+    if constexpr (!std::is_void_v<residual>) return true;
+    else if constexpr (std::is_void_v<block_outliers>) return false;
+    else return block_outliers::on(Keys);
+  }
   template <class Q, bool Keys>
-  using correction_of = std::conditional_t<kBlockCorrected && !Q::kIsIdentity,
+  using correction_of = std::conditional_t<block_corrected<Keys>() && !Q::kIsIdentity,
                                            BlockCorrection<block_outliers, residual, Keys>, NoCorrection>;
   using key_corr = correction_of<key_q, true>;
   using value_corr = correction_of<value_q, false>;
@@ -166,7 +171,8 @@ class CompressedKVCache {
       KVC_CHECK(std::int64_t(kBlockTokens) * cfg.head_dim <= 65536, Errc::kInvalidArgument,
                 "outliers use 16-bit in-block indices, but a block holds ", std::int64_t(kBlockTokens) * cfg.head_dim,
                 " > 65536 entries (BlockTokens x head_dim)");
-      out_cap_ = stream_outliers::count(cap_blocks_ * kBlockTokens, cfg.head_dim);
+      out_cap_ = std::max(stream_outliers::count(cap_blocks_ * kBlockTokens, cfg.head_dim, true),
+                          stream_outliers::count(cap_blocks_ * kBlockTokens, cfg.head_dim, false));
     }
     const std::size_t streams = std::size_t(cfg.layers) * cfg.batch * cfg.kv_heads;
     const std::size_t d = std::size_t(cfg.head_dim);
@@ -295,12 +301,15 @@ class CompressedKVCache {
       const std::size_t fp_tokens = std::size_t(n) - std::size_t(nb) * kBlockTokens;
       std::size_t table = 0;  // per side: the entries and the nb + 1 offsets the kernel reads
       if constexpr (layout::kStreamOutliers)
-        if (nb > 0)
-          table = stream_outliers::bytes(nb * kBlockTokens, cfg_.head_dim) + (std::size_t(nb) + 1) * sizeof(std::uint32_t);
-      const int table_sides = int(layout::kKeyStreamOutliers) + int(layout::kValueStreamOutliers);
+        if (nb > 0) {
+          const std::size_t offsets = (std::size_t(nb) + 1) * sizeof(std::uint32_t);
+          if (layout::kKeyStreamOutliers) table += stream_outliers::bytes(nb * kBlockTokens, cfg_.head_dim, true) + offsets;
+          if (layout::kValueStreamOutliers)
+            table += stream_outliers::bytes(nb * kBlockTokens, cfg_.head_dim, false) + offsets;
+        }
       total += std::size_t(cfg_.kv_heads) *
                (nb * (key_format::block_bytes(cfg_.head_dim) + value_format::block_bytes(cfg_.head_dim)) +
-                fp_tokens * 2u * cfg_.head_dim * sizeof(window_t) + table_sides * table);
+                fp_tokens * 2u * cfg_.head_dim * sizeof(window_t) + table);
     }
     return total;
   }
@@ -497,7 +506,7 @@ class CompressedKVCache {
   void reconstruct_block(const params_type& p, int seq, int head, int blk, float* x) const {
     constexpr Side side = F::kSide;
     F::decode_block(side == Side::kKey ? p.key_block(seq, head, blk) : p.value_block(seq, head, blk), cfg_.head_dim, x);
-    if constexpr (layout::kStreamOutliers && !F::kIdentity) {
+    if constexpr (side == Side::kKey ? layout::kKeyStreamOutliers : layout::kValueStreamOutliers) {
       const OutlierSlice sl = p.outliers(side, seq, head, blk);
       for (int o = 0; o < sl.n; ++o) x[sl.idx[o]] += sl.val[o].to_float();
     }
@@ -537,8 +546,9 @@ class CompressedKVCache {
     constexpr int B = kBlockTokens;
     const std::size_t bd = std::size_t(B) * cfg_.head_dim;
     auto dst = [&](int b) { return side == Side::kKey ? p.key_block(seq, head, b) : p.value_block(seq, head, b); };
-    if constexpr (layout::kStreamOutliers && !F::kIdentity) {
-      const std::size_t per_side = std::size_t(stream_outliers::per_side(static_cast<long long>(nb) * bd));
+    if constexpr (F::kSide == Side::kKey ? layout::kKeyStreamOutliers : layout::kValueStreamOutliers) {
+      const std::size_t per_side =
+          std::size_t(stream_outliers::per_side(static_cast<long long>(nb) * bd, F::kSide == Side::kKey));
       std::vector<std::uint32_t> all = select_outliers(x, std::size_t(nb) * bd, per_side);  // ascending
       const std::size_t st = std::size_t(p.stream(seq, head));
       const bool k = side == Side::kKey;

@@ -42,11 +42,15 @@ struct BlockCorrection {
   using outlier_filter = O;
   using residual = L;
   static constexpr bool kActive = true;
-  static constexpr bool kOutliers = !std::is_void_v<O>;
+  static constexpr bool kOutliers = [] {
+    if constexpr (std::is_void_v<O>) return false;
+    else return O::on(Keys);
+  }();
   static constexpr bool kLowRank = !std::is_void_v<L>;
+  static_assert(kOutliers || kLowRank, "kvc: a BlockCorrection needs outliers or a residual on its side");
 
   KVC_HOST_DEVICE static constexpr int outliers(int n, int d) noexcept {
-    if constexpr (kOutliers) return O::count(n, d);
+    if constexpr (kOutliers) return O::count(n, d, Keys);
     else return 0;
   }
   KVC_HOST_DEVICE static constexpr int rank(int n, int d) noexcept {
@@ -54,7 +58,7 @@ struct BlockCorrection {
     else return 0;
   }
   KVC_HOST_DEVICE static constexpr std::size_t outlier_bytes(int n, int d) noexcept {
-    if constexpr (kOutliers) return O::bytes(n, d);
+    if constexpr (kOutliers) return O::bytes(n, d, Keys);
     else return 0;
   }
   KVC_HOST_DEVICE static constexpr std::size_t bytes(int n, int d) noexcept {

@@ -33,32 +33,38 @@ namespace kvc {
 /// Over which entries the outliers are chosen (see the file comment).
 enum class OutlierScope { kBlock, kStream };
 
-/// \tparam BasisPoints the outlier fraction s in 1/10000 (200 = 2 %, GEAR's default), split s/2 to
-///         the largest and s/2 to the smallest signed entries: per_side = floor(N * s / 2) of the N
-///         entries in scope.
-/// \tparam Scope       OutlierScope::kBlock [default] or kStream (paper mode, with kvc::LiteralMode)
-template <int BasisPoints = 200, OutlierScope Scope = OutlierScope::kBlock>
+/// \tparam BasisPoints      the outlier fraction s of keys in 1/10000 (200 = 2 %, GEAR's default), split
+///                         s/2 to the largest and s/2 to the smallest signed entries: per_side =
+///                         floor(N * s / 2) of the N entries in scope.
+/// \tparam Scope            OutlierScope::kBlock [default] or kStream (paper mode, with kvc::LiteralMode)
+/// \tparam ValueBasisPoints the fraction for values [default: the same]; either fraction may be 0
+///                         (that side keeps no outliers), not both (SPEC G9: K and V parameterised apart).
+template <int BasisPoints = 200, OutlierScope Scope = OutlierScope::kBlock, int ValueBasisPoints = BasisPoints>
 struct OutlierFilter {
-  static_assert(BasisPoints > 0 && BasisPoints < 10000,
-                "kvc::OutlierFilter<BasisPoints>: the outlier fraction s = BasisPoints / 10000 must lie in (0, 1)");
+  static_assert((BasisPoints > 0 || ValueBasisPoints > 0) && BasisPoints >= 0 && BasisPoints < 10000 &&
+                    ValueBasisPoints >= 0 && ValueBasisPoints < 10000,
+                "kvc::OutlierFilter<BasisPoints>: the outlier fraction s = BasisPoints / 10000 must lie in (0, 1) "
+                "(one of the key and value fractions may be 0)");
   using policy_kind = kind::outlier_filter;
   static constexpr int kBasisPoints = BasisPoints;
+  static constexpr int kValueBasisPoints = ValueBasisPoints;
   static constexpr OutlierScope kScope = Scope;
   static constexpr bool kStreamScope = Scope == OutlierScope::kStream;
-  static constexpr double kFraction = BasisPoints / 10000.0;
   static constexpr const char* name() noexcept { return "outliers"; }
 
+  /// Whether keys (values) keep outliers at all.
+  KVC_HOST_DEVICE static constexpr bool on(bool keys) noexcept { return (keys ? BasisPoints : ValueBasisPoints) > 0; }
   /// Outliers kept on each side (largest / smallest) of `elements` entries in scope. Host+device.
-  KVC_HOST_DEVICE static constexpr int per_side(long long elements) noexcept {
-    return static_cast<int>(elements * BasisPoints / 20000);
+  KVC_HOST_DEVICE static constexpr int per_side(long long elements, bool keys = true) noexcept {
+    return static_cast<int>(elements * (keys ? BasisPoints : ValueBasisPoints) / 20000);
   }
   /// Outliers stored (both sides) for `tokens` x d entries in scope.
-  KVC_HOST_DEVICE static constexpr int count(int tokens, int d) noexcept {
-    return 2 * per_side(static_cast<long long>(tokens) * d);
+  KVC_HOST_DEVICE static constexpr int count(int tokens, int d, bool keys = true) noexcept {
+    return 2 * per_side(static_cast<long long>(tokens) * d, keys);
   }
-  /// Bytes of `count(tokens, d)` entries (a multiple of 4).
-  KVC_HOST_DEVICE static constexpr std::size_t bytes(int tokens, int d) noexcept {
-    return std::size_t(count(tokens, d)) * (sizeof(std::uint16_t) + sizeof(half_t));
+  /// Bytes of `count(tokens, d, keys)` entries (a multiple of 4).
+  KVC_HOST_DEVICE static constexpr std::size_t bytes(int tokens, int d, bool keys = true) noexcept {
+    return std::size_t(count(tokens, d, keys)) * (sizeof(std::uint16_t) + sizeof(half_t));
   }
   KVC_HOST_DEVICE static const std::uint16_t* indices(const std::byte* region) noexcept {
     return reinterpret_cast<const std::uint16_t*>(region);
