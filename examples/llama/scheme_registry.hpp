@@ -95,6 +95,12 @@ using SinkKivi = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<Bits, 64, 
                                         kvc::values<kvc::GroupQuantizer<Bits, 64, kvc::Axis::kToken>>,
                                         kvc::FullPrecisionWindow<Window, 64>, Corrections...>;
 
+/// Outliers on one side only: 0.4 % of a 64 x 64 block is 16 outliers, exactly one 64-byte line.
+template <int BasisPoints>
+using KeyOutliers = kvc::OutlierFilter<BasisPoints, kvc::OutlierScope::kBlock, 0>;
+template <int BasisPoints>
+using ValueOutliers = kvc::OutlierFilter<0, kvc::OutlierScope::kBlock, BasisPoints>;
+
 /// Every scheme kvc-eval knows, in a stable order. The first entry is the exact reference.
 inline const std::vector<SchemeEntry>& scheme_registry() {
   using namespace kvc::schemes;
@@ -149,12 +155,21 @@ inline const std::vector<SchemeEntry>& scheme_registry() {
       entry<SinkKivi<3>>("kivi3-b64-sink64", "3-bit, 64-token key groups, 64-channel value groups, 64-token fp16 sink"),
       entry<SinkKivi<4>>("kivi4-b64-sink64", "4-bit, 64-token key groups, 64-channel value groups, 64-token fp16 sink"),
       entry<SinkKivi<2, 0, OutlierFilter<20>>>("gear-kivi2-b64-sink64-s02", "kivi2-b64-sink64 + 0.2 % outliers"),
+      entry<SinkKivi<2, 0, KeyOutliers<40>>>("gear-kivi2-b64-sink64-k04", "kivi2-b64-sink64 + 0.4 % outliers, keys only"),
+      entry<SinkKivi<2, 0, ValueOutliers<40>>>("gear-kivi2-b64-sink64-v04",
+                                               "kivi2-b64-sink64 + 0.4 % outliers, values only"),
       entry<SinkKivi<2, 0, OutlierFilter<50>>>("gear-kivi2-b64-sink64-s05", "kivi2-b64-sink64 + 0.5 % outliers"),
       entry<SinkKivi<2, 0, OutlierFilter<100>>>("gear-kivi2-b64-sink64-s1", "kivi2-b64-sink64 + 1 % outliers"),
       entry<SinkKivi<3, 0, OutlierFilter<20>>>("gear-kivi3-b64-sink64-s02", "kivi3-b64-sink64 + 0.2 % outliers"),
       entry<SinkKivi<3, 0, OutlierFilter<30>>>("gear-kivi3-b64-sink64-s03", "kivi3-b64-sink64 + 0.3 % outliers"),
+      entry<SinkKivi<3, 0, KeyOutliers<40>>>("gear-kivi3-b64-sink64-k04", "kivi3-b64-sink64 + 0.4 % outliers, keys only"),
+      entry<SinkKivi<3, 0, ValueOutliers<40>>>("gear-kivi3-b64-sink64-v04",
+                                               "kivi3-b64-sink64 + 0.4 % outliers, values only"),
       entry<SinkKivi<3, 0, OutlierFilter<100>>>("gear-kivi3-b64-sink64-s1", "kivi3-b64-sink64 + 1 % outliers"),
       entry<SinkKivi<4, 0, OutlierFilter<20>>>("gear-kivi4-b64-sink64-s02", "kivi4-b64-sink64 + 0.2 % outliers"),
+      entry<SinkKivi<4, 0, KeyOutliers<40>>>("gear-kivi4-b64-sink64-k04", "kivi4-b64-sink64 + 0.4 % outliers, keys only"),
+      entry<SinkKivi<4, 0, ValueOutliers<40>>>("gear-kivi4-b64-sink64-v04",
+                                               "kivi4-b64-sink64 + 0.4 % outliers, values only"),
       entry<SinkKivi<4, 0, OutlierFilter<50>>>("gear-kivi4-b64-sink64-s05", "kivi4-b64-sink64 + 0.5 % outliers"),
       entry<SinkKivi<4, 0, OutlierFilter<100>>>("gear-kivi4-b64-sink64-s1", "kivi4-b64-sink64 + 1 % outliers"),
       entry<SinkKivi<4, 64>>("kivi4-b64-w64-sink64", "kivi4-b64-sink64 with a 64-token fp16 window"),
