@@ -419,7 +419,7 @@ class CompressedKVCache {
     const int d = cfg_.head_dim, first = selector::kSink + blk * B;
     std::vector<float> x(std::size_t(B) * d);
     for (int t = 0; t < B; ++t) convert(p.fp_row(side, seq, head, first + t), x.data() + std::size_t(t) * d, std::size_t(d));
-    compress_block<F>(x.data(), side, layer, seq, head, blk, dst, {});
+    compress_block<F>(x.data(), layer, seq, head, blk, dst, {});
   }
 
   /// Compresses the exact block x ([B][d] row-major) into `dst`: with an outlier filter, the
@@ -434,9 +434,9 @@ class CompressedKVCache {
     half_t* val = nullptr;
   };
   template <class F>
-  void compress_block(const float* x, Side side, int layer, int seq, int head, int blk, std::byte* dst,
-                      StreamShare so) {
+  void compress_block(const float* x, int layer, int seq, int head, int blk, std::byte* dst, StreamShare so) {
     constexpr int B = kBlockTokens;
+    constexpr Side side = F::kSide;
     const int d = cfg_.head_dim;
     const std::size_t elems = std::size_t(B) * d;
     if constexpr (F::kIdentity) {
@@ -448,15 +448,15 @@ class CompressedKVCache {
       using Q = typename F::quantizer;
       using C = typename F::correction;
       std::vector<std::uint32_t> out_idx;
+      if constexpr (C::kActive && C::kOutliers) out_idx = select_outliers(x, elems, std::size_t(C::outliers(B, d) / 2));
+      // The outlier positions (this block's own, or its share of the stream's), excluded from the
+      // backbone's statistics.
+      const std::uint32_t* pos = so.n > 0 ? so.pos : out_idx.data();
+      const std::size_t npos = so.n > 0 ? std::size_t(so.n) : out_idx.size();
       std::vector<std::uint8_t> outlier;
-      if constexpr (C::kActive && C::kOutliers) {
-        out_idx = select_outliers(x, elems, std::size_t(C::outliers(B, d) / 2));
+      if (npos > 0) {
         outlier.assign(elems, 0);
-        for (std::uint32_t i : out_idx) outlier[i] = 1;
-      }
-      if (so.n > 0) {
-        outlier.assign(elems, 0);
-        for (int o = 0; o < so.n; ++o) outlier[so.pos[o]] = 1;
+        for (std::size_t o = 0; o < npos; ++o) outlier[pos[o]] = 1;
       }
       std::vector<std::uint8_t> codes(elems);
       auto* lo = reinterpret_cast<half_t*>(dst + F::code_bytes(d));
@@ -521,37 +521,33 @@ class CompressedKVCache {
     const int d = cfg_.head_dim, H = cfg_.kv_heads;
     const std::size_t bd = std::size_t(B) * d;
     std::vector<float> x(std::size_t(new_blocks) * bd);
-    for (int h = 0; h < H; ++h)
-      for (int sd = 0; sd < 2; ++sd) {
-        const Side side = sd == 0 ? Side::kKey : Side::kValue;
-        for (int b = 0; b < new_blocks; ++b) {
-          float* xb = x.data() + std::size_t(b) * bd;
-          if (b < old_blocks) {
-            if (side == Side::kKey) reconstruct_block<key_format>(p, seq, h, b, xb);
-            else reconstruct_block<value_format>(p, seq, h, b, xb);
-          } else {
-            const float* src = pending.data() + ((std::size_t(b - old_blocks) * H + h) * 2 + sd) * bd;
-            std::copy_n(src, bd, xb);
-          }
-        }
-        if (side == Side::kKey) recompress<key_format>(p, side, layer, seq, h, new_blocks, x.data());
-        else recompress<value_format>(p, side, layer, seq, h, new_blocks, x.data());
+    auto one_side = [&]<class F>(int h) {
+      const int sd = F::kSide == Side::kKey ? 0 : 1;  // pending's side index
+      for (int b = 0; b < new_blocks; ++b) {
+        float* xb = x.data() + std::size_t(b) * bd;
+        if (b < old_blocks) reconstruct_block<F>(p, seq, h, b, xb);
+        else std::copy_n(pending.data() + ((std::size_t(b - old_blocks) * H + h) * 2 + sd) * bd, bd, xb);
       }
+      recompress<F>(p, layer, seq, h, new_blocks, x.data());
+    };
+    for (int h = 0; h < H; ++h) {
+      one_side.template operator()<key_format>(h);
+      one_side.template operator()<value_format>(h);
+    }
   }
 
   /// Compresses blocks [0, nb) of one stream side from x ([nb * B][d]); with stream-scope outliers,
   /// selects them over all nb * B * d entries first and rewrites the side's table.
   template <class F>
-  void recompress(const params_type& p, Side side, int layer, int seq, int head, int nb, const float* x) {
+  void recompress(const params_type& p, int layer, int seq, int head, int nb, const float* x) {
     constexpr int B = kBlockTokens;
+    constexpr bool k = F::kSide == Side::kKey;
     const std::size_t bd = std::size_t(B) * cfg_.head_dim;
-    auto dst = [&](int b) { return side == Side::kKey ? p.key_block(seq, head, b) : p.value_block(seq, head, b); };
-    if constexpr (F::kSide == Side::kKey ? layout::kKeyStreamOutliers : layout::kValueStreamOutliers) {
-      const std::size_t per_side =
-          std::size_t(stream_outliers::per_side(static_cast<long long>(nb) * bd, F::kSide == Side::kKey));
+    auto dst = [&](int b) { return k ? p.key_block(seq, head, b) : p.value_block(seq, head, b); };
+    if constexpr (k ? layout::kKeyStreamOutliers : layout::kValueStreamOutliers) {
+      const std::size_t per_side = std::size_t(stream_outliers::per_side(static_cast<long long>(nb) * bd, k));
       std::vector<std::uint32_t> all = select_outliers(x, std::size_t(nb) * bd, per_side);  // ascending
       const std::size_t st = std::size_t(p.stream(seq, head));
-      const bool k = side == Side::kKey;
       std::uint32_t* off = (k ? p.k_out_off : p.v_out_off) + st * (std::size_t(cap_blocks_) + 1);
       std::uint16_t* idx = (k ? p.k_out_idx : p.v_out_idx) + st * std::size_t(out_cap_);
       half_t* val = (k ? p.k_out_val : p.v_out_val) + st * std::size_t(out_cap_);
@@ -562,10 +558,10 @@ class CompressedKVCache {
         for (; o < all.size() && all[o] < base + bd; ++o) all[o] -= std::uint32_t(base);
         off[b + 1] = std::uint32_t(o);
         StreamShare share{all.data() + begin, int(o - begin), idx + begin, val + begin};
-        compress_block<F>(x + base, side, layer, seq, head, b, dst(b), share);
+        compress_block<F>(x + base, layer, seq, head, b, dst(b), share);
       }
     } else {
-      for (int b = 0; b < nb; ++b) compress_block<F>(x + std::size_t(b) * bd, side, layer, seq, head, b, dst(b), {});
+      for (int b = 0; b < nb; ++b) compress_block<F>(x + std::size_t(b) * bd, layer, seq, head, b, dst(b), {});
     }
   }
 
