@@ -17,6 +17,13 @@
 #  define KVC_HOST_DEVICE inline
 #endif
 #define KVC_HAS_CUDA_COMPILER() KVC_HAS_CUDA_COMPILER_
+/// Before a host+device function template that calls a callable it is given: nvcc then accepts host-only
+/// callables (lambdas of host code) in its host instantiations without a warning (CUTLASS does the same).
+#if defined(__CUDACC__) && !defined(__clang__)
+#  define KVC_HD_CALLABLE_TEMPLATE _Pragma("nv_exec_check_disable")
+#else
+#  define KVC_HD_CALLABLE_TEMPLATE
+#endif
 
 // What the compiler targets for this translation unit (-m flags). The fused attention does not depend
 // on these: it compiles every SIMD path with target attributes and picks one at run time

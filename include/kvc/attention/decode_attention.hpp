@@ -31,6 +31,7 @@
 #pragma once
 
 #include <kvc/config.hpp>
+#include <kvc/attention/split_merge.hpp>
 #include <kvc/cache/cache_layout.hpp>
 #include <kvc/core/aligned_buffer.hpp>
 #include <kvc/core/bit_packing.hpp>
@@ -293,26 +294,14 @@ void decode_attention(const typename Layout::Params& p, QueryView q, OutputView 
     }
   }
 
-  // Merge the splits of each stream: O = sum_i 2^(m_i - M) acc_i / sum_i 2^(m_i - M) l_i.
+  // Merge the splits of each stream (attention/split_merge.hpp).
   for (int s = 0; s < nseq; ++s)
     for (int kh = 0; kh < p.kv_heads; ++kh) {
       const int i0 = first_item[std::size_t(s) * p.kv_heads + kh], i1 = first_item[std::size_t(s) * p.kv_heads + kh + 1];
-      for (int h = 0; h < g; ++h) {
-        float M = -std::numeric_limits<float>::infinity();
-        for (int i = i0; i < i1; ++i) M = std::max(M, results[std::size_t(i) * item_floats + h]);
-        float L = 0.0f;
-        float* o = out.row(s, kh * g + h);
-        std::fill(o, o + d, 0.0f);
-        for (int i = i0; i < i1; ++i) {
-          const float* r = results.data() + std::size_t(i) * item_floats;
-          const float wgt = std::exp2(r[h] - M);
-          L += wgt * r[g + h];
-          const float* acc = r + 2 * g + std::size_t(h) * d;
-          for (int c = 0; c < d; ++c) o[c] += wgt * acc[c];
-        }
-        const float inv = 1.0f / L;
-        for (int c = 0; c < d; ++c) o[c] *= inv;
-      }
+      const float* r = results.data() + std::size_t(i0) * item_floats;
+      const auto stride = static_cast<std::ptrdiff_t>(item_floats);
+      for (int h = 0; h < g; ++h)
+        merge_splits(i1 - i0, r + h, r + g + h, stride, r + 2 * g + std::size_t(h) * d, stride, d, out.row(s, kh * g + h));
     }
 }
 

@@ -116,6 +116,41 @@ struct BlockFormat {
   KVC_HOST_DEVICE static const half_t* step_plane(const std::byte* block, int d) noexcept {
     return lo_plane(block, d) + groups(d);
   }
+  /// Writes an identity block from the exact block x ([B][d] row-major). Cooperative form: (lane, lanes)
+  /// writes elements lane, lane + lanes, ... Host+device.
+  KVC_HOST_DEVICE static void store_identity(const float* x, int d, std::byte* block, int lane = 0,
+                                             int lanes = 1) noexcept {
+    if constexpr (kIdentity) {
+      element* out = reinterpret_cast<element*>(block);
+      for (int i = lane; i < B * d; i += lanes) {
+        const int t = i / d, c = i - t * d;
+        out[index(t, c, d)] = StorageTraits<element>::store(x[i]);
+      }
+    }
+  }
+  /// Quantizes the groups of the exact block x ([B][d] row-major): one code byte per element into
+  /// codes[index(t, c, d)] and the metadata planes of `block`; the statistics skip elements i = t * d + c
+  /// with excluded[i] != 0 (GEAR's outliers; nullptr: none). Then pack_codes(codes, B * d, kBits, block)
+  /// completes the block's backbone. Cooperative form: (lane, lanes) quantizes groups lane, lane + lanes,
+  /// ... Host+device: the host cache and the CUDA compressor run this same code.
+  KVC_HOST_DEVICE static void quantize_groups(const float* x, int d, std::uint8_t* codes, std::byte* block,
+                                              const std::uint8_t* excluded, int lane = 0, int lanes = 1) noexcept {
+    if constexpr (!kIdentity) {
+      auto* lo = reinterpret_cast<half_t*>(block + code_bytes(d));
+      half_t* step = lo + groups(d);
+      const int gt = kGroupTokens, gc = group_channels(d), tgroups = token_groups();
+      for (int gi = lane; gi < groups(d); gi += lanes) {
+        const int cg = gi / tgroups, tg = gi - cg * tgroups;
+        const int t0 = tg * gt, c0 = cg * gc;
+        auto at = [&](int r, int c) { return x[std::size_t(t0 + r) * d + c0 + c]; };
+        auto put = [&](int r, int c, std::uint8_t code) { codes[index(t0 + r, c0 + c, d)] = code; };
+        auto kept = [&](int r, int c) { return excluded == nullptr || !excluded[std::size_t(t0 + r) * d + c0 + c]; };
+        const QuantMeta m = quantize_group_masked<typename Q::codec>(gt, gc, kBits, at, put, kept);
+        lo[gi] = m.lo;  // gi = cg * tgroups + tg = group_of(t0, c0, d)
+        step[gi] = m.step;
+      }
+    }
+  }
   /// Reconstructed value of element (t, c) of a block. Host+device (slow path: tests, dequantize()).
   KVC_HOST_DEVICE static float decode(const std::byte* block, int t, int c, int d) noexcept {
     if constexpr (kIdentity) {
@@ -125,7 +160,7 @@ struct BlockFormat {
                                        index(t, c, d));
       const int g = group_of(t, c, d);
       const Affine a = Q::codec::affine(QuantMeta{lo_plane(block, d)[g], step_plane(block, d)[g]});
-      return a.zero + a.scale * static_cast<float>(code);
+      return mul_add_rounded(a.scale, static_cast<float>(code), a.zero);  // bit-identical on the device
     }
   }
   /// The quantizer's reconstruction of the block without corrections, x[t * d + c]. Host+device.

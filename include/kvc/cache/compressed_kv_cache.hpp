@@ -5,6 +5,7 @@
 
 #include <kvc/config.hpp>
 #include <kvc/cache/cache_layout.hpp>
+#include <kvc/cache/policies.hpp>
 #include <kvc/core/aligned_buffer.hpp>
 #include <kvc/core/concepts.hpp>
 #include <kvc/core/error.hpp>
@@ -26,78 +27,10 @@
 
 namespace kvc {
 
-/// Runtime shape of a cache. `capacity` is the most tokens one sequence may hold.
-struct CacheConfig {
-  int layers = 1;
-  int batch = 1;  ///< sequences
-  int kv_heads = 0;
-  int head_dim = 0;
-  int capacity = 0;
-};
-
-namespace detail {
+namespace cuda {
 template <class... P>
-struct resolve_policies {
-  static constexpr bool kOk = check_policies<P...>::kOk;
-  using bare = typename find_policy<kind::quantizer, void, P...>::type;
-  static constexpr bool kHasBare = !std::is_void_v<bare>;
-  using key_q = std::conditional_t<kHasBare, bare,
-                                   typename find_policy<kind::key_quantizer, keys<NoQuantizer<half_t>>, P...>::type::type>;
-  using value_q =
-      std::conditional_t<kHasBare, bare,
-                         typename find_policy<kind::value_quantizer, values<NoQuantizer<half_t>>, P...>::type::type>;
-
-  template <class Q>
-  static constexpr int identity_width() {
-    if constexpr (Q::kIsIdentity) return static_cast<int>(sizeof(typename Q::storage));
-    else return 2;
-  }
-  template <class Q>
-  using storage_of = std::conditional_t<Q::kIsIdentity, typename identity_storage<Q>::type, half_t>;
-  // Default selector: no window, stored like the identity side(s): an fp32 cache keeps its tail in
-  // fp32, a bf16 cache in bf16; mixed 16-bit storages fall back to fp32, quantized sides to fp16.
-  using default_window_storage =
-      std::conditional_t<(identity_width<key_q>() > 2 || identity_width<value_q>() > 2 ||
-                          !std::is_same_v<storage_of<key_q>, storage_of<value_q>>),
-                         float, storage_of<key_q>>;
-  /// Whether the window storage holds every value of an identity side exactly.
-  template <class Q, class W>
-  static constexpr bool window_holds() {
-    if constexpr (!Q::kIsIdentity) return true;
-    else return std::is_same_v<W, float> || std::is_same_v<W, typename Q::storage>;
-  }
-  using selector = typename find_policy<kind::selector, FullPrecisionWindow<0, 0, default_window_storage>, P...>::type;
-
-  static constexpr int kRequired = key_q::kRequiredBlockTokens != 0 ? key_q::kRequiredBlockTokens
-                                                                     : value_q::kRequiredBlockTokens;
-  using block = typename find_policy<kind::block_layout, BlockTokens<kRequired != 0 ? kRequired : 32>, P...>::type;
-
-  // GEAR's corrections (void when absent), applied to every quantized side. Block-scope outliers
-  // and the residual live in each block's correction region; stream-scope outliers in a side table.
-  using outliers = typename find_policy<kind::outlier_filter, void, P...>::type;
-  using residual = typename find_policy<kind::residual, void, P...>::type;
-  using streaming = typename find_policy<kind::streaming, void, P...>::type;  // void: block mode
-  static constexpr bool kCorrected = !std::is_void_v<outliers> || !std::is_void_v<residual>;
-  static constexpr bool kStreamScope = [] {
-    if constexpr (std::is_void_v<outliers>) return false;
-    else if constexpr (requires { outliers::kStreamScope; }) return bool(outliers::kStreamScope);
-    else return false;
-  }();
-  using block_outliers = std::conditional_t<kStreamScope, void, outliers>;
-  using stream_outliers = std::conditional_t<kStreamScope, outliers, void>;
-  template <bool Keys>
-  static constexpr bool block_corrected() {
-    if constexpr (!std::is_void_v<residual>) return true;
-    else if constexpr (std::is_void_v<block_outliers>) return false;
-    else return block_outliers::on(Keys);
-  }
-  template <class Q, bool Keys>
-  using correction_of = std::conditional_t<block_corrected<Keys>() && !Q::kIsIdentity,
-                                           BlockCorrection<block_outliers, residual, Keys>, NoCorrection>;
-  using key_corr = correction_of<key_q, true>;
-  using value_corr = correction_of<value_q, false>;
-};
-}  // namespace detail
+class DeviceKVCache;  // cuda/include/kvc/cuda/device_kv_cache.cuh: transfers read and write the host arenas
+}  // namespace cuda
 
 /// A compressed KV cache composed from policies, in any order:
 ///  - a quantizer for both sides, or `keys<Q>` and/or `values<Q>` (default: fp16, uncompressed);
@@ -111,25 +44,7 @@ struct resolve_policies {
 template <class... P>
 class CompressedKVCache {
   using R = detail::resolve_policies<P...>;
-  static_assert(R::kOk);  // the messages come from detail::check_policies
-  static_assert(std::is_void_v<typename R::outliers> || requires { R::outliers::per_side(1); },
-                "kvc: the outlier-filter policy must be kvc::OutlierFilter<s> (or provide its interface)");
-  static_assert(std::is_void_v<typename R::residual> || requires { R::residual::rank(true, 1, 1); },
-                "kvc: the residual policy must be kvc::LowRankResidual<...> (or provide its interface)");
-  static_assert(!R::kCorrected || !(R::key_q::kIsIdentity && R::value_q::kIsIdentity),
-                "kvc: OutlierFilter / LowRankResidual correct a quantized backbone; this cache quantizes neither "
-                "keys nor values");
-  static_assert(detail::count_kind<kind::loader, P...> == 0,
-                "kvc: loader policies are not supported by CompressedKVCache yet");
-  static_assert(std::is_void_v<typename R::streaming> || std::is_same_v<typename R::streaming, LiteralMode>,
-                "kvc: the streaming policy must be kvc::LiteralMode (block mode is the default: no policy)");
-  static_assert(std::is_void_v<typename R::streaming> || R::kCorrected,
-                "kvc::LiteralMode recompresses GEAR's corrections: add kvc::OutlierFilter and/or "
-                "kvc::LowRankResidual");
-  static_assert(!R::kStreamScope || !std::is_void_v<typename R::streaming>,
-                "kvc: OutlierScope::kStream selects outliers over the whole history, which only kvc::LiteralMode "
-                "recompresses; block mode compresses each block once (use OutlierScope::kBlock)");
-
+  static_assert(detail::cache_checks<P...>::kOk);  // the messages come from detail::cache_checks
  public:
   using key_quantizer = typename R::key_q;
   using value_quantizer = typename R::value_q;
@@ -145,6 +60,7 @@ class CompressedKVCache {
   using key_format = typename layout::key_format;
   using value_format = typename layout::value_format;
   using window_t = typename layout::window_t;
+  using rules = detail::CacheRules<layout>;
 
   static_assert(key_quantizer::kRequiredBlockTokens == 0 || key_quantizer::kRequiredBlockTokens == kBlockTokens,
                 "kvc: the key quantizer's per-channel group size must equal the block size (BlockTokens<Group>)");
@@ -156,17 +72,8 @@ class CompressedKVCache {
                 "use FullPrecisionWindow<R, S, T> with the same T (or float)");
 
   explicit CompressedKVCache(const CacheConfig& cfg) : cfg_(cfg) {
-    KVC_CHECK(cfg.layers > 0 && cfg.batch > 0 && cfg.kv_heads > 0 && cfg.head_dim > 0 && cfg.capacity > 0,
-              Errc::kInvalidArgument, "cache config needs positive layers, batch, kv_heads, head_dim and capacity (got ",
-              cfg.layers, ", ", cfg.batch, ", ", cfg.kv_heads, ", ", cfg.head_dim, ", ", cfg.capacity, ")");
-    KVC_CHECK(cfg.head_dim % 16 == 0, Errc::kInvalidArgument, "head_dim ", cfg.head_dim,
-              " is not a multiple of 16");
-    check_groups<key_quantizer>("key");
-    check_groups<value_quantizer>("value");
-    check_correction<key_format>("key");
-    check_correction<value_format>("value");
-    const int S = selector::kSink, Rw = selector::kRecent;
-    cap_blocks_ = cfg.capacity > S + Rw ? (cfg.capacity - S - Rw) / kBlockTokens : 0;
+    cap_blocks_ = rules::validate(cfg);
+    const int S = selector::kSink;
     if constexpr (layout::kStreamOutliers) {
       KVC_CHECK(std::int64_t(kBlockTokens) * cfg.head_dim <= 65536, Errc::kInvalidArgument,
                 "outliers use 16-bit in-block indices, but a block holds ", std::int64_t(kBlockTokens) * cfg.head_dim,
@@ -207,20 +114,10 @@ class CompressedKVCache {
   /// than the window are quantized at once (each token exactly once).
   void append(int layer, int seq, KVView k, KVView v) {
     check_index(layer, seq);
-    KVC_CHECK(k.dim1 == cfg_.kv_heads && k.dim2 == cfg_.head_dim, Errc::kInvalidArgument, "keys have shape [", k.dim0,
-              "][", k.dim1, "][", k.dim2, "], expected [tokens][", cfg_.kv_heads, "][", cfg_.head_dim, "]");
-    KVC_CHECK(v.dim1 == cfg_.kv_heads && v.dim2 == cfg_.head_dim, Errc::kInvalidArgument, "values have shape [",
-              v.dim0, "][", v.dim1, "][", v.dim2, "], expected [tokens][", cfg_.kv_heads, "][", cfg_.head_dim, "]");
-    KVC_CHECK(k.dim0 == v.dim0, Errc::kInvalidArgument, "keys hold ", k.dim0, " tokens but values hold ", v.dim0);
-    KVC_CHECK(k.dim0 >= 0, Errc::kInvalidArgument, "negative token count ", k.dim0);
-    if (k.dim0 == 0) return;
-    KVC_CHECK(k.data != nullptr && v.data != nullptr, Errc::kInvalidArgument, "null key or value data");
     int& n = lengths_[std::size_t(layer) * cfg_.batch + seq];
-    KVC_CHECK(std::int64_t(n) + k.dim0 <= cfg_.capacity, Errc::kCapacityExceeded, "appending ", k.dim0,
-              " tokens to layer ", layer, " sequence ", seq, " holding ", n, " exceeds the capacity of ", cfg_.capacity,
-              " tokens");
-    check_values(k, "key");
-    check_values(v, "value");
+    if (rules::check_append_shape(cfg_, layer, seq, n, k, v) == 0) return;
+    rules::check_values(k, "key");
+    rules::check_values(v, "value");
 
     const params_type p = params(layer);
     const int S = selector::kSink, Rw = selector::kRecent, B = kBlockTokens, d = cfg_.head_dim;
@@ -294,24 +191,8 @@ class CompressedKVCache {
   /// correction regions, stream-scope outlier entries with their block offsets, sink and window
   /// tokens. One fused decode step over the layer reads exactly these bytes.
   [[nodiscard]] std::size_t stored_bytes(int layer) const {
-    std::size_t total = 0;
-    for (int s = 0; s < cfg_.batch; ++s) {
-      const int n = length(layer, s);
-      const int nb = selector::quantized_blocks(n, kBlockTokens);
-      const std::size_t fp_tokens = std::size_t(n) - std::size_t(nb) * kBlockTokens;
-      std::size_t table = 0;  // per side: the entries and the nb + 1 offsets the kernel reads
-      if constexpr (layout::kStreamOutliers)
-        if (nb > 0) {
-          const std::size_t offsets = (std::size_t(nb) + 1) * sizeof(std::uint32_t);
-          if (layout::kKeyStreamOutliers) table += stream_outliers::bytes(nb * kBlockTokens, cfg_.head_dim, true) + offsets;
-          if (layout::kValueStreamOutliers)
-            table += stream_outliers::bytes(nb * kBlockTokens, cfg_.head_dim, false) + offsets;
-        }
-      total += std::size_t(cfg_.kv_heads) *
-               (nb * (key_format::block_bytes(cfg_.head_dim) + value_format::block_bytes(cfg_.head_dim)) +
-                fp_tokens * 2u * cfg_.head_dim * sizeof(window_t) + table);
-    }
-    return total;
+    check_index(layer, 0);
+    return rules::stored_bytes(cfg_, lengths_.data() + std::size_t(layer) * cfg_.batch);
   }
   [[nodiscard]] std::size_t stored_bytes() const {
     std::size_t total = 0;
@@ -365,52 +246,11 @@ class CompressedKVCache {
     }
   }
 
-  /// Largest |x| an input may hold: the window storage's range, and for quantized sides what fp16
-  /// metadata can span (1-bit endpoint steps equal the whole range, so half of it). With GEAR's
-  /// corrections, half of that again: an outlier stores x - x^ in fp16, up to twice the input range.
-  [[nodiscard]] static constexpr float input_limit() noexcept {
-    const float limit =
-        std::min({StorageTraits<window_t>::kMax, side_limit<key_quantizer>(), side_limit<value_quantizer>()});
-    return R::kCorrected ? limit / 2 : limit;
-  }
+  /// Largest |x| an input may hold (detail::CacheRules::input_limit).
+  [[nodiscard]] static constexpr float input_limit() noexcept { return rules::input_limit(); }
 
  private:
-  template <class Q>
-  static constexpr float side_limit() noexcept {
-    if constexpr (Q::kIsIdentity) return StorageTraits<typename Q::storage>::kMax;
-    else return Q::kBits == 1 ? half_t::kMax / 2 : half_t::kMax;
-  }
-
-  template <class Q>
-  void check_groups(const char* side) const {
-    if constexpr (!Q::kIsIdentity) {
-      if constexpr (Q::kGroupChannels != 0) {
-        KVC_CHECK(cfg_.head_dim % Q::kGroupChannels == 0, Errc::kInvalidArgument, side, " quantizer groups of ",
-                  Q::kGroupChannels, " channels do not divide head_dim ", cfg_.head_dim);
-      }
-    }
-  }
-
-  void check_index(int layer, int seq) const {
-    KVC_CHECK(layer >= 0 && layer < cfg_.layers, Errc::kInvalidArgument, "layer ", layer, " out of range [0, ",
-              cfg_.layers, ")");
-    KVC_CHECK(seq >= 0 && seq < cfg_.batch, Errc::kInvalidArgument, "sequence ", seq, " out of range [0, ",
-              cfg_.batch, ")");
-  }
-
-  void check_values(KVView x, const char* what) const {
-    const float limit = input_limit();
-    for (int t = 0; t < x.dim0; ++t)
-      for (int h = 0; h < x.dim1; ++h) {
-        const float* r = x.row(t, h);
-        for (int c = 0; c < x.dim2; ++c) {
-          KVC_CHECK(std::isfinite(r[c]), Errc::kNonFinite, what, " token ", t, " head ", h, " channel ", c, " is ",
-                    r[c], " (NaN/Inf rejected)");
-          KVC_CHECK(std::fabs(r[c]) <= limit, Errc::kOutOfRange, what, " token ", t, " head ", h, " channel ", c,
-                    " = ", r[c], " exceeds the storable magnitude ", limit);
-        }
-      }
-  }
+  void check_index(int layer, int seq) const { rules::check_index(cfg_, layer, seq); }
 
   /// Compresses block `blk` of one stream from its full-precision ring rows into `dst` (block mode).
   template <class F>
@@ -440,10 +280,7 @@ class CompressedKVCache {
     const int d = cfg_.head_dim;
     const std::size_t elems = std::size_t(B) * d;
     if constexpr (F::kIdentity) {
-      using T = typename F::element;
-      T* out = reinterpret_cast<T*>(dst);
-      for (int t = 0; t < B; ++t)
-        for (int c = 0; c < d; ++c) out[F::index(t, c, d)] = StorageTraits<T>::store(x[std::size_t(t) * d + c]);
+      F::store_identity(x, d, dst);
     } else {
       using Q = typename F::quantizer;
       using C = typename F::correction;
@@ -459,20 +296,7 @@ class CompressedKVCache {
         for (std::size_t o = 0; o < npos; ++o) outlier[pos[o]] = 1;
       }
       std::vector<std::uint8_t> codes(elems);
-      auto* lo = reinterpret_cast<half_t*>(dst + F::code_bytes(d));
-      half_t* step = lo + F::groups(d);
-      const int gt = F::kGroupTokens, gc = F::group_channels(d);
-      for (int cg = 0; cg < d / gc; ++cg)
-        for (int tg = 0; tg < B / gt; ++tg) {
-          const int t0 = tg * gt, c0 = cg * gc;
-          auto at = [&](int r, int c) { return x[std::size_t(t0 + r) * d + c0 + c]; };
-          auto put = [&](int r, int c, std::uint8_t code) { codes[F::index(t0 + r, c0 + c, d)] = code; };
-          auto keep = [&](int r, int c) { return outlier.empty() || !outlier[std::size_t(t0 + r) * d + c0 + c]; };
-          const QuantMeta m = quantize_group_masked<typename Q::codec>(gt, gc, Q::kBits, at, put, keep);
-          const int g = F::group_of(t0, c0, d);
-          lo[g] = m.lo;
-          step[g] = m.step;
-        }
+      F::quantize_groups(x, d, codes.data(), dst, outlier.empty() ? nullptr : outlier.data());
       pack_codes(codes.data(), codes.size(), Q::kBits, reinterpret_cast<std::uint8_t*>(dst));
       if (!C::kActive && so.n == 0) return;
       std::vector<float> xhat(elems);
@@ -489,13 +313,9 @@ class CompressedKVCache {
           const std::size_t r = std::size_t(C::rank(B, d)), stream = (std::size_t(layer) * cfg_.batch + seq) * cfg_.kv_heads + head;
           basis = (side == Side::kKey ? warm_k_.data() : warm_v_.data()) + stream * d * r;
         }
-        // A fixed seed per (layer, sequence, head, block, side): compression is reproducible.
-        const std::uint64_t seed = ((((std::uint64_t(layer) * 0x100000001B3ull + std::uint64_t(seq)) * 0x9E3779B1ull +
-                                      std::uint64_t(head)) * 0x85EBCA77ull + std::uint64_t(blk)) << 1) |
-                                   (side == Side::kKey ? 0u : 1u);
         HostLinalg la;
         C::fit(x, xhat.data(), out_idx.data(), B, d, dst + F::correction_offset(d), la, basis, kWarmStart && blk > 0,
-               seed);
+               low_rank_seed(layer, seq, head, blk, side == Side::kKey));
       }
     }
   }
@@ -565,20 +385,6 @@ class CompressedKVCache {
     }
   }
 
-  /// Rejects correction parameters the head dimension cannot serve (rank, 16-bit outlier indices).
-  template <class F>
-  void check_correction(const char* side) const {
-    using C = typename F::correction;
-    if constexpr (C::kActive) {
-      const int B = kBlockTokens, d = cfg_.head_dim;
-      KVC_CHECK(C::rank(B, d) <= std::min(B, d), Errc::kInvalidArgument, side, " low-rank residual rank ",
-                C::rank(B, d), " exceeds min(block tokens, head_dim) = min(", B, ", ", d, ")");
-      KVC_CHECK(C::outliers(B, d) == 0 || std::int64_t(B) * d <= 65536, Errc::kInvalidArgument, side,
-                " outliers use 16-bit in-block indices, but a block holds ", std::int64_t(B) * d,
-                " > 65536 entries (BlockTokens x head_dim)");
-    }
-  }
-
   static constexpr bool kWarmStart = [] {
     if constexpr (std::is_void_v<residual>) return false;
     else return residual::kInit == LowRankInit::kWarm;
@@ -601,6 +407,9 @@ class CompressedKVCache {
       return off.size() * sizeof(std::uint32_t) + idx.size() * sizeof(std::uint16_t) + val.size() * sizeof(half_t);
     }
   };
+
+  template <class... Q>
+  friend class cuda::DeviceKVCache;
 
   CacheConfig cfg_;
   int cap_blocks_ = 0;

@@ -66,21 +66,23 @@ KVC_HOST_DEVICE std::uint8_t packed_code_at(const std::uint8_t* packed, std::siz
 
 /// Packs n codes (each < 2^bits, n % kPackQuantum == 0) into packed_bytes(n, bits) bytes.
 /// Host+device; the caller guarantees the preconditions (the cache checks them once at construction).
-KVC_HOST_DEVICE void pack_codes(const std::uint8_t* codes, std::size_t n, int bits, std::uint8_t* out) noexcept {
+/// Cooperative form: the call with (lane, lanes) writes the output bytes k*64 + j of each plane with
+/// (k*64 + j) % lanes == lane; `lanes` callers with lanes 0..lanes-1 write every byte exactly once.
+KVC_HOST_DEVICE void pack_codes(const std::uint8_t* codes, std::size_t n, int bits, std::uint8_t* out,
+                                unsigned lane = 0, unsigned lanes = 1) noexcept {
   std::size_t base = 0;
   for (int p = 0, off = 0; p < plane_count(bits); ++p) {
     const int w = plane_width(bits, p);
     const unsigned per = 8u / static_cast<unsigned>(w);
     const std::uint32_t mask = (1u << w) - 1u;
-    const std::size_t vectors = n / (64u * per);
-    for (std::size_t m = 0; m < vectors; ++m) {
-      for (std::size_t j = 0; j < 64; ++j) {
-        std::uint32_t byte = 0;
-        for (unsigned i = 0; i < per; ++i) byte |= ((codes[(m * per + i) * 64 + j] >> off) & mask) << (i * w);
-        out[base + m * 64 + j] = static_cast<std::uint8_t>(byte);
-      }
+    const std::size_t plane_bytes = n * static_cast<std::size_t>(w) / 8;
+    for (std::size_t k = lane; k < plane_bytes; k += lanes) {
+      const std::size_t m = k / 64, j = k % 64;
+      std::uint32_t byte = 0;
+      for (unsigned i = 0; i < per; ++i) byte |= ((codes[(m * per + i) * 64 + j] >> off) & mask) << (i * w);
+      out[base + k] = static_cast<std::uint8_t>(byte);
     }
-    base += n * static_cast<std::size_t>(w) / 8;
+    base += plane_bytes;
     off += w;
   }
 }

@@ -20,6 +20,7 @@ enum class Errc {
   kCapacityExceeded,  ///< appending past the cache's token capacity
   kIo,                ///< a file cannot be opened, read or written
   kCorruptFile,       ///< a file is truncated, has a bad magic/version or inconsistent sizes
+  kCuda,              ///< a CUDA runtime / cuBLAS / cuSOLVER call failed (the message carries its error text)
 };
 
 /// Thrown for every bad input. Operations that throw leave the object they were called on unchanged

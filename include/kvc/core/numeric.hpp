@@ -30,8 +30,14 @@ KVC_HOST_DEVICE float bits_float(std::uint32_t u) noexcept {
   return f;
 }
 
-/// Portable IEEE float -> binary16, round to nearest even (the classic bit-exact algorithm).
+/// IEEE float -> binary16, round to nearest even: the classic bit-exact algorithm on the host, the
+/// hardware conversion (same rounding; NaN payloads may differ) on the device.
 KVC_HOST_DEVICE std::uint16_t float_to_half_bits(float f) noexcept {
+#if defined(__CUDA_ARCH__)
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+#else
   const std::uint32_t x = float_bits(f);
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   std::uint32_t abs = x & 0x7FFFFFFFu;
@@ -52,9 +58,15 @@ KVC_HOST_DEVICE std::uint16_t float_to_half_bits(float f) noexcept {
   abs += 0xC8000000u;  // (15 - 127) << 23
   const std::uint32_t r = abs + 0x0FFFu + ((abs >> 13) & 1u);
   return static_cast<std::uint16_t>(sign | (r >> 13));
+#endif
 }
 
 KVC_HOST_DEVICE float half_bits_to_float(std::uint16_t h) noexcept {
+#if defined(__CUDA_ARCH__)
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<unsigned short>(h)));  // exact, like the host path
+  return f;
+#else
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::uint32_t e = (h >> 10) & 0x1Fu;
   const std::uint32_t m = h & 0x3FFu;
@@ -63,6 +75,7 @@ KVC_HOST_DEVICE float half_bits_to_float(std::uint16_t h) noexcept {
   // zero / subnormal: m * 2^-24, exact in float
   const float v = static_cast<float>(m) * 5.9604644775390625e-8f;
   return sign ? -v : v;
+#endif
 }
 
 KVC_HOST_DEVICE std::uint16_t float_to_bf16_bits(float f) noexcept {
@@ -74,6 +87,16 @@ KVC_HOST_DEVICE float bf16_bits_to_float(std::uint16_t b) noexcept {
   return bits_float(static_cast<std::uint32_t>(b) << 16);
 }
 }  // namespace detail
+
+/// a * b + c with the product rounded to float before the add (never contracted into an FMA), so a
+/// reconstruction computed on the device is bit-identical to the host's (ISO C++ builds do not contract).
+KVC_HOST_DEVICE float mul_add_rounded(float a, float b, float c) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(__fmul_rn(a, b), c);
+#else
+  return a * b + c;
+#endif
+}
 
 /// IEEE binary16 storage. A plain 16-bit POD (trivially copyable, usable in kernel Params);
 /// arithmetic happens in float.
@@ -140,7 +163,8 @@ KVC_HOST_DEVICE half_t half_round_up_nonneg(float f) noexcept {
   return h;
 }
 
-#if !defined(__CUDA_ARCH__)
+// Host functions (declared in nvcc's device pass too, where host code that calls them is parsed; the
+// SIMD branches are compiled out there: KVC_HAS_* are 0 under __CUDA_ARCH__).
 KVC_SUPPRESS_INTRINSIC_WARNINGS_BEGIN
 /// Host batch conversion fp16 -> fp32 (vcvtph2ps when compiled with F16C / AVX-512).
 inline void convert(const half_t* src, float* dst, std::size_t n) noexcept {
@@ -178,6 +202,5 @@ inline void convert(const float* src, bfloat16_t* dst, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; ++i) dst[i] = bfloat16_t::from_float(src[i]);
 }
 KVC_SUPPRESS_INTRINSIC_WARNINGS_END
-#endif
 
 }  // namespace kvc

@@ -96,10 +96,21 @@ struct BlockCorrection {
     if constexpr (kOutliers) O::add_output(O::indices(region), work, no, d, p, g, ld, acc);
     if constexpr (kLowRank) L::add_output(work + no, rank(n, d), n, d, p, g, ld, acc);
   }
-  /// x[t * d + c] += the correction of (t, c), for the block's [n][d] reconstruction.
+  /// x[t * ldx + c] += the correction of (t, c), for the block's [n][d] reconstruction (row stride
+  /// ldx >= d). Cooperative form: `lanes` callers with lanes 0..lanes-1 (separated by a barrier from
+  /// whatever reads x) add every correction once and never write one element concurrently, the outliers'
+  /// pass before the residual's (an outlier and a residual term may hit one element). Host+device.
   KVC_HOST_DEVICE static void add_to(const std::byte* region, int n, int d, float* x) noexcept {
-    if constexpr (kOutliers) O::add_to(region, outliers(n, d), x);
-    if constexpr (kLowRank) L::add_to(region + outlier_bytes(n, d), rank(n, d), n, d, x);
+    add_outliers_to(region, n, d, x, d, 0, 1);
+    add_residual_to(region, n, d, x, d, 0, 1);
+  }
+  KVC_HOST_DEVICE static void add_outliers_to(const std::byte* region, int n, int d, float* x, int ldx, int lane,
+                                              int lanes) noexcept {
+    if constexpr (kOutliers) O::add_to(region, outliers(n, d), d, x, ldx, lane, lanes);
+  }
+  KVC_HOST_DEVICE static void add_residual_to(const std::byte* region, int n, int d, float* x, int ldx, int lane,
+                                              int lanes) noexcept {
+    if constexpr (kLowRank) L::add_to(region + outlier_bytes(n, d), rank(n, d), n, d, x, ldx, lane, lanes);
   }
 
   /// Host: writes the region from the exact block x and the backbone's reconstruction xhat (both

@@ -31,16 +31,8 @@ struct HostLinalg {
     a = qr.householderQ() * Mat::Identity(m, n);
   }
   void fill_uniform(int m, int n, float* A, int lda, std::uint64_t seed) const {
-    std::uint64_t s = seed;
     for (int j = 0; j < n; ++j)
-      for (int i = 0; i < m; ++i) {
-        s += 0x9E3779B97F4A7C15ull;  // splitmix64
-        std::uint64_t z = s;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
-        A[std::size_t(j) * lda + i] = static_cast<float>(z >> 40) * 0x1.0p-23f - 1.0f;  // [-1, 1)
-      }
+      for (int i = 0; i < m; ++i) A[std::size_t(j) * lda + i] = uniform_pm1(seed, std::uint64_t(j) * m + i);
   }
 };
 static_assert(LinalgBackend<HostLinalg>);

@@ -116,15 +116,19 @@ struct LowRankResidual {
       }
     }
   }
-  /// x[t * d + c] += (A B^T)[t][c] (x: the block's [n][d] reconstruction, row-major).
-  KVC_HOST_DEVICE static void add_to(const std::byte* region, int r, int n, int d, float* x) noexcept {
+  /// x[t * ldx + c] += (A B^T)[t][c] (x: the block's [n][d] reconstruction, row stride ldx >= d).
+  /// Cooperative form: (lane, lanes) updates elements t * d + c = lane, lane + lanes, ... Host+device.
+  KVC_HOST_DEVICE static void add_to(const std::byte* region, int r, int n, int d, float* x, int ldx, int lane = 0,
+                                     int lanes = 1) noexcept {
     const half_t* at = a_t(region);
     const half_t* bt = b_t(region, r, n);
-    for (int j = 0; j < r; ++j)
-      for (int t = 0; t < n; ++t) {
-        const float a = at[std::size_t(j) * n + t].to_float();
-        for (int c = 0; c < d; ++c) x[std::size_t(t) * d + c] += a * bt[std::size_t(j) * d + c].to_float();
-      }
+    for (int i = lane; i < n * d; i += lanes) {
+      const int t = i / d, c = i - t * d;
+      float s = 0.0f;
+      for (int j = 0; j < r; ++j)  // rounded products: the device reconstruction equals the host's
+        s = mul_add_rounded(at[std::size_t(j) * n + t].to_float(), bt[std::size_t(j) * d + c].to_float(), s);
+      x[std::size_t(t) * ldx + c] += s;
+    }
   }
 };
 }  // namespace kvc

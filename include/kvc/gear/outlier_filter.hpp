@@ -98,11 +98,21 @@ struct OutlierFilter {
       for (int h = 0; h < g; ++h) acc[h * d + c] += val[o] * p[h * ld + t];
     }
   }
-  /// x[idx] += value for every outlier (x: the block's [B][d] reconstruction, row-major).
-  KVC_HOST_DEVICE static void add_to(const std::byte* region, int n, float* x) noexcept {
-    const std::uint16_t* idx = indices(region);
-    const half_t* val = values(region, n);
-    for (int o = 0; o < n; ++o) x[idx[o]] += val[o].to_float();
+  /// x[t * ldx + c] += value for every outlier at (t, c) (x: the block's [B][d] reconstruction with row
+  /// stride ldx >= d). Cooperative form: (lane, lanes) adds outliers lane, lane + lanes, ...; the
+  /// indices are distinct, so concurrent lanes never write the same element. Host+device.
+  KVC_HOST_DEVICE static void add_to(const std::byte* region, int n, int d, float* x, int ldx, int lane = 0,
+                                     int lanes = 1) noexcept {
+    add_slice_to(indices(region), values(region, n), n, d, x, ldx, lane, lanes);
+  }
+  /// The same for entries given as (idx, val) arrays (a block's slice of a stream-scope table).
+  KVC_HOST_DEVICE static void add_slice_to(const std::uint16_t* idx, const half_t* val, int n, int d, float* x,
+                                           int ldx, int lane = 0, int lanes = 1) noexcept {
+    const float inv_d = 1.0f / static_cast<float>(d);
+    for (int o = lane; o < n; o += lanes) {
+      const int t = token_of(idx[o], inv_d), c = idx[o] - t * d;
+      x[t * ldx + c] += val[o].to_float();
+    }
   }
 };
 

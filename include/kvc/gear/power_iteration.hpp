@@ -12,11 +12,34 @@
 /// spectrum decaying 0.4x per index (rank 2, 64 x 64), against 1.02x from [-1, 1) (test_gear.cpp).
 #pragma once
 
+#include <kvc/config.hpp>
+
 #include <cstdint>
 
 namespace kvc {
 
 enum class Trans { kNo, kYes };
+
+/// Element e of the uniform [-1, 1) stream of `seed` (splitmix64 at seed + (e + 1) * golden ratio):
+/// fill_uniform writes element (i, j) of an m x n matrix as e = j * m + i, so the host and device
+/// backends start power iteration from bit-identical bases. Host+device.
+KVC_HOST_DEVICE float uniform_pm1(std::uint64_t seed, std::uint64_t e) noexcept {
+  std::uint64_t z = seed + (e + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * 0x1.0p-23f - 1.0f;
+}
+
+/// The power-iteration seed of one block's residual: fixed per (layer, sequence, KV head, block, side),
+/// so compression is reproducible and the host and device caches start from the same basis. Host+device.
+KVC_HOST_DEVICE std::uint64_t low_rank_seed(int layer, int seq, int head, int blk, bool keys) noexcept {
+  return ((((std::uint64_t(layer) * 0x100000001B3ull + std::uint64_t(seq)) * 0x9E3779B1ull + std::uint64_t(head)) *
+               0x85EBCA77ull +
+           std::uint64_t(blk))
+          << 1) |
+         (keys ? 0u : 1u);
+}
 
 template <class L>
 concept LinalgBackend = requires(L& la, const float* cp, float* p, int i, std::uint64_t s) {

@@ -88,6 +88,7 @@ concept Codec = requires(float x, QuantMeta m, int b) {
 /// quantize_group with the statistics (lo, hi) taken over the elements where `keep(r, c)` holds
 /// (GEAR: the inliers); every element is still encoded (the others clamp to the range). A group
 /// with no kept element gets lo = hi = 0. Host+device.
+KVC_HD_CALLABLE_TEMPLATE
 template <Codec C, class At, class Put, class Keep>
 KVC_HOST_DEVICE QuantMeta quantize_group_masked(int rows, int cols, int bits, At&& at, Put&& put, Keep&& keep) noexcept {
   bool any = false;
@@ -110,6 +111,7 @@ KVC_HOST_DEVICE QuantMeta quantize_group_masked(int rows, int cols, int bits, At
 
 /// Quantizes one group of rows x cols values given by an accessor `at(r, c)`: writes codes through
 /// `put(r, c, code)` and returns the group's metadata. Host+device.
+KVC_HD_CALLABLE_TEMPLATE
 template <Codec C, class At, class Put>
 KVC_HOST_DEVICE QuantMeta quantize_group(int rows, int cols, int bits, At&& at, Put&& put) noexcept {
   return quantize_group_masked<C>(rows, cols, bits, at, put, [](int, int) { return true; });

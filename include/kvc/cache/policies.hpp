@@ -1,0 +1,247 @@
+// kvc: nvcc-safe
+/// \file policies.hpp
+/// The runtime shape of a cache (`CacheConfig`) and the compile-time resolution of a `Policy...` pack
+/// (quantizers per side, selector, block size, GEAR's corrections), shared by the host container
+/// `CompressedKVCache` and the device container `kvc::cuda::DeviceKVCache`, so both compose the same
+/// policies into the same `CacheLayout` and reject the same combinations with the same messages.
+#pragma once
+
+#include <kvc/config.hpp>
+#include <kvc/cache/cache_layout.hpp>
+#include <kvc/core/concepts.hpp>
+#include <kvc/core/error.hpp>
+#include <kvc/core/numeric.hpp>
+#include <kvc/core/view.hpp>
+#include <kvc/gear/block_correction.hpp>
+#include <kvc/gear/literal_mode.hpp>
+#include <kvc/quant/no_quantizer.hpp>
+#include <kvc/select/full_precision_window.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace kvc {
+
+/// Runtime shape of a cache. `capacity` is the most tokens one sequence may hold.
+struct CacheConfig {
+  int layers = 1;
+  int batch = 1;  ///< sequences
+  int kv_heads = 0;
+  int head_dim = 0;
+  int capacity = 0;
+};
+
+namespace detail {
+template <class... P>
+struct resolve_policies {
+  static constexpr bool kOk = check_policies<P...>::kOk;
+  using bare = typename find_policy<kind::quantizer, void, P...>::type;
+  static constexpr bool kHasBare = !std::is_void_v<bare>;
+  using key_q = std::conditional_t<kHasBare, bare,
+                                   typename find_policy<kind::key_quantizer, keys<NoQuantizer<half_t>>, P...>::type::type>;
+  using value_q =
+      std::conditional_t<kHasBare, bare,
+                         typename find_policy<kind::value_quantizer, values<NoQuantizer<half_t>>, P...>::type::type>;
+
+  template <class Q>
+  static constexpr int identity_width() {
+    if constexpr (Q::kIsIdentity) return static_cast<int>(sizeof(typename Q::storage));
+    else return 2;
+  }
+  template <class Q>
+  using storage_of = std::conditional_t<Q::kIsIdentity, typename identity_storage<Q>::type, half_t>;
+  // Default selector: no window, stored like the identity side(s): an fp32 cache keeps its tail in
+  // fp32, a bf16 cache in bf16; mixed 16-bit storages fall back to fp32, quantized sides to fp16.
+  using default_window_storage =
+      std::conditional_t<(identity_width<key_q>() > 2 || identity_width<value_q>() > 2 ||
+                          !std::is_same_v<storage_of<key_q>, storage_of<value_q>>),
+                         float, storage_of<key_q>>;
+  /// Whether the window storage holds every value of an identity side exactly.
+  template <class Q, class W>
+  static constexpr bool window_holds() {
+    if constexpr (!Q::kIsIdentity) return true;
+    else return std::is_same_v<W, float> || std::is_same_v<W, typename Q::storage>;
+  }
+  using selector = typename find_policy<kind::selector, FullPrecisionWindow<0, 0, default_window_storage>, P...>::type;
+
+  static constexpr int kRequired = key_q::kRequiredBlockTokens != 0 ? key_q::kRequiredBlockTokens
+                                                                     : value_q::kRequiredBlockTokens;
+  using block = typename find_policy<kind::block_layout, BlockTokens<kRequired != 0 ? kRequired : 32>, P...>::type;
+
+  // GEAR's corrections (void when absent), applied to every quantized side. Block-scope outliers
+  // and the residual live in each block's correction region; stream-scope outliers in a side table.
+  using outliers = typename find_policy<kind::outlier_filter, void, P...>::type;
+  using residual = typename find_policy<kind::residual, void, P...>::type;
+  using streaming = typename find_policy<kind::streaming, void, P...>::type;  // void: block mode
+  static constexpr bool kCorrected = !std::is_void_v<outliers> || !std::is_void_v<residual>;
+  static constexpr bool kStreamScope = [] {
+    if constexpr (std::is_void_v<outliers>) return false;
+    else if constexpr (requires { outliers::kStreamScope; }) return bool(outliers::kStreamScope);
+    else return false;
+  }();
+  using block_outliers = std::conditional_t<kStreamScope, void, outliers>;
+  using stream_outliers = std::conditional_t<kStreamScope, outliers, void>;
+  template <bool Keys>
+  static constexpr bool block_corrected() {
+    if constexpr (!std::is_void_v<residual>) return true;
+    else if constexpr (std::is_void_v<block_outliers>) return false;
+    else return block_outliers::on(Keys);
+  }
+  template <class Q, bool Keys>
+  using correction_of = std::conditional_t<block_corrected<Keys>() && !Q::kIsIdentity,
+                                           BlockCorrection<block_outliers, residual, Keys>, NoCorrection>;
+  using key_corr = correction_of<key_q, true>;
+  using value_corr = correction_of<value_q, false>;
+};
+
+/// The checks every cache composition passes (the static_asserts read as the error messages).
+template <class... P>
+struct cache_checks {
+  using R = resolve_policies<P...>;
+  static_assert(R::kOk);  // the messages come from detail::check_policies
+  static_assert(std::is_void_v<typename R::outliers> || requires { R::outliers::per_side(1); },
+                "kvc: the outlier-filter policy must be kvc::OutlierFilter<s> (or provide its interface)");
+  static_assert(std::is_void_v<typename R::residual> || requires { R::residual::rank(true, 1, 1); },
+                "kvc: the residual policy must be kvc::LowRankResidual<...> (or provide its interface)");
+  static_assert(!R::kCorrected || !(R::key_q::kIsIdentity && R::value_q::kIsIdentity),
+                "kvc: OutlierFilter / LowRankResidual correct a quantized backbone; this cache quantizes neither "
+                "keys nor values");
+  static_assert(detail::count_kind<kind::loader, P...> == 0,
+                "kvc: loader policies are not supported by CompressedKVCache yet");
+  static_assert(std::is_void_v<typename R::streaming> || std::is_same_v<typename R::streaming, LiteralMode>,
+                "kvc: the streaming policy must be kvc::LiteralMode (block mode is the default: no policy)");
+  static_assert(std::is_void_v<typename R::streaming> || R::kCorrected,
+                "kvc::LiteralMode recompresses GEAR's corrections: add kvc::OutlierFilter and/or "
+                "kvc::LowRankResidual");
+  static_assert(!R::kStreamScope || !std::is_void_v<typename R::streaming>,
+                "kvc: OutlierScope::kStream selects outliers over the whole history, which only kvc::LiteralMode "
+                "recompresses; block mode compresses each block once (use OutlierScope::kBlock)");
+
+  static constexpr bool kOk = true;
+};
+
+/// The runtime rules of a cache of layout L, shared by the host and device containers (host code):
+/// config validation, the input range, and the checks an append makes before it writes anything.
+template <class L>
+struct CacheRules {
+  using KF = typename L::key_format;
+  using VF = typename L::value_format;
+  static constexpr bool kCorrected = KF::kCorrected || VF::kCorrected || L::kStreamOutliers;
+
+  /// Validates `cfg` (throws kvc::Error) and returns the quantized blocks a stream can hold.
+  static int validate(const CacheConfig& cfg) {
+    KVC_CHECK(cfg.layers > 0 && cfg.batch > 0 && cfg.kv_heads > 0 && cfg.head_dim > 0 && cfg.capacity > 0,
+              Errc::kInvalidArgument, "cache config needs positive layers, batch, kv_heads, head_dim and capacity (got ",
+              cfg.layers, ", ", cfg.batch, ", ", cfg.kv_heads, ", ", cfg.head_dim, ", ", cfg.capacity, ")");
+    KVC_CHECK(cfg.head_dim % 16 == 0, Errc::kInvalidArgument, "head_dim ", cfg.head_dim, " is not a multiple of 16");
+    check_groups<typename KF::quantizer>(cfg, "key");
+    check_groups<typename VF::quantizer>(cfg, "value");
+    check_correction<KF>(cfg, "key");
+    check_correction<VF>(cfg, "value");
+    const int S = L::kSink, Rw = L::kRecent;
+    return cfg.capacity > S + Rw ? (cfg.capacity - S - Rw) / L::kBlockTokens : 0;
+  }
+
+  /// Largest |x| an input may hold: the window storage's range, and for quantized sides what fp16
+  /// metadata can span (1-bit endpoint steps equal the whole range, so half of it). With GEAR's
+  /// corrections, half of that again: an outlier stores x - x^ in fp16, up to twice the input range.
+  static constexpr float input_limit() noexcept {
+    const float limit = std::min({StorageTraits<typename L::window_t>::kMax, side_limit<typename KF::quantizer>(),
+                                  side_limit<typename VF::quantizer>()});
+    return kCorrected ? limit / 2 : limit;
+  }
+
+  static void check_index(const CacheConfig& cfg, int layer, int seq) {
+    KVC_CHECK(layer >= 0 && layer < cfg.layers, Errc::kInvalidArgument, "layer ", layer, " out of range [0, ",
+              cfg.layers, ")");
+    KVC_CHECK(seq >= 0 && seq < cfg.batch, Errc::kInvalidArgument, "sequence ", seq, " out of range [0, ", cfg.batch,
+              ")");
+  }
+
+  /// The checks of append(layer, seq, k, v) on a sequence holding n tokens, except the values' (the
+  /// views may be device memory): shapes, token counts, capacity. Returns the token count.
+  static int check_append_shape(const CacheConfig& cfg, int layer, int seq, int n, KVView k, KVView v) {
+    check_index(cfg, layer, seq);
+    KVC_CHECK(k.dim1 == cfg.kv_heads && k.dim2 == cfg.head_dim, Errc::kInvalidArgument, "keys have shape [", k.dim0,
+              "][", k.dim1, "][", k.dim2, "], expected [tokens][", cfg.kv_heads, "][", cfg.head_dim, "]");
+    KVC_CHECK(v.dim1 == cfg.kv_heads && v.dim2 == cfg.head_dim, Errc::kInvalidArgument, "values have shape [", v.dim0,
+              "][", v.dim1, "][", v.dim2, "], expected [tokens][", cfg.kv_heads, "][", cfg.head_dim, "]");
+    KVC_CHECK(k.dim0 == v.dim0, Errc::kInvalidArgument, "keys hold ", k.dim0, " tokens but values hold ", v.dim0);
+    KVC_CHECK(k.dim0 >= 0, Errc::kInvalidArgument, "negative token count ", k.dim0);
+    if (k.dim0 == 0) return 0;
+    KVC_CHECK(k.data != nullptr && v.data != nullptr, Errc::kInvalidArgument, "null key or value data");
+    KVC_CHECK(std::int64_t(n) + k.dim0 <= cfg.capacity, Errc::kCapacityExceeded, "appending ", k.dim0,
+              " tokens to layer ", layer, " sequence ", seq, " holding ", n, " exceeds the capacity of ", cfg.capacity,
+              " tokens");
+    return k.dim0;
+  }
+
+  /// Throws for the first non-finite or out-of-range element of host view x (what: "key"/"value").
+  static void check_values(KVView x, const char* what) {
+    for (int t = 0; t < x.dim0; ++t)
+      for (int h = 0; h < x.dim1; ++h)
+        for (int c = 0; c < x.dim2; ++c) check_value(x.row(t, h)[c], what, t, h, c);
+  }
+  /// The error of one element (nothing when it is storable).
+  static void check_value(float x, const char* what, int t, int h, int c) {
+    KVC_CHECK(std::isfinite(x), Errc::kNonFinite, what, " token ", t, " head ", h, " channel ", c, " is ", x,
+              " (NaN/Inf rejected)");
+    KVC_CHECK(std::fabs(x) <= input_limit(), Errc::kOutOfRange, what, " token ", t, " head ", h, " channel ", c, " = ",
+              x, " exceeds the storable magnitude ", input_limit());
+  }
+
+  /// Bytes holding live data of one layer whose `cfg.batch` sequences hold lengths[s] tokens: codes,
+  /// fp16 scales and zeros, block padding, correction regions, stream-scope outlier entries with their
+  /// block offsets, sink and window tokens. One fused decode step over the layer reads exactly these.
+  static std::size_t stored_bytes(const CacheConfig& cfg, const int* lengths) {
+    constexpr int B = L::kBlockTokens;
+    const int d = cfg.head_dim;
+    std::size_t total = 0;
+    for (int s = 0; s < cfg.batch; ++s) {
+      const int nb = L::selector::quantized_blocks(lengths[s], B);
+      const std::size_t fp_tokens = std::size_t(lengths[s]) - std::size_t(nb) * B;
+      std::size_t table = 0;  // per side: the entries and the nb + 1 offsets the kernel reads
+      if constexpr (L::kStreamOutliers)
+        if (nb > 0) {
+          const std::size_t offsets = (std::size_t(nb) + 1) * sizeof(std::uint32_t);
+          if (L::kKeyStreamOutliers) table += L::stream_outliers::bytes(nb * B, d, true) + offsets;
+          if (L::kValueStreamOutliers) table += L::stream_outliers::bytes(nb * B, d, false) + offsets;
+        }
+      total += std::size_t(cfg.kv_heads) * (nb * (KF::block_bytes(d) + VF::block_bytes(d)) +
+                                            fp_tokens * 2u * d * sizeof(typename L::window_t) + table);
+    }
+    return total;
+  }
+
+ private:
+  template <class Q>
+  static constexpr float side_limit() noexcept {
+    if constexpr (Q::kIsIdentity) return StorageTraits<typename Q::storage>::kMax;
+    else return Q::kBits == 1 ? half_t::kMax / 2 : half_t::kMax;
+  }
+  template <class Q>
+  static void check_groups(const CacheConfig& cfg, const char* side) {
+    if constexpr (!Q::kIsIdentity && Q::kGroupChannels != 0) {
+      KVC_CHECK(cfg.head_dim % Q::kGroupChannels == 0, Errc::kInvalidArgument, side, " quantizer groups of ",
+                Q::kGroupChannels, " channels do not divide head_dim ", cfg.head_dim);
+    }
+  }
+  /// Rejects correction parameters the head dimension cannot serve (rank, 16-bit outlier indices).
+  template <class F>
+  static void check_correction(const CacheConfig& cfg, const char* side) {
+    using C = typename F::correction;
+    if constexpr (C::kActive) {
+      const int B = L::kBlockTokens, d = cfg.head_dim;
+      KVC_CHECK(C::rank(B, d) <= std::min(B, d), Errc::kInvalidArgument, side, " low-rank residual rank ",
+                C::rank(B, d), " exceeds min(block tokens, head_dim) = min(", B, ", ", d, ")");
+      KVC_CHECK(C::outliers(B, d) == 0 || std::int64_t(B) * d <= 65536, Errc::kInvalidArgument, side,
+                " outliers use 16-bit in-block indices, but a block holds ", std::int64_t(B) * d,
+                " > 65536 entries (BlockTokens x head_dim)");
+    }
+  }
+};
+}  // namespace detail
+}  // namespace kvc
