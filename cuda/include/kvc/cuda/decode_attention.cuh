@@ -1,0 +1,129 @@
+/// \file decode_attention.cuh
+/// Fused decode attention on the GPU over a compressed cache: one query token per sequence, H query heads
+/// over H_kv KV heads (GQA: query head h reads KV head h / (H / H_kv)), softmax(q.K^T * scale) . V, read
+/// straight from the compressed blocks (detail/decode_kernel.cuh) with flash-decoding splits and a merge.
+/// Instantiated from the same CacheLayout the CPU attention reads, for head dims 64, 80, 96, 128, 256, and
+/// fp32 / fp16 / bf16 queries (the output has the query's type). Host API; kernels run on `stream`.
+#pragma once
+
+#include <kvc/attention/split_merge.hpp>
+#include <kvc/core/error.hpp>
+#include <kvc/cuda/detail/decode_kernel.cuh>
+#include <kvc/cuda/device_buffer.cuh>
+#include <kvc/cuda/error.cuh>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+
+namespace kvc::cuda {
+
+/// Options of decode_attention. Invalid values throw kvc::Error (kInvalidArgument).
+struct DecodeOptions {
+  float scale = 0.0f;            ///< softmax scale, finite and >= 0; 0 means 1/sqrt(head_dim)
+  int min_blocks_per_split = 8;  ///< >= 1: fewest quantized blocks a split gets
+  int target_ctas = 0;           ///< >= 0: CTAs to aim for when splitting; 0 means 4 per SM
+};
+
+/// Head dimensions with a compiled kernel.
+inline constexpr int kHeadDims[] = {64, 80, 96, 128, 256};
+
+namespace detail {
+inline int sm_count() {
+  int dev = 0, sms = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  return sms;
+}
+
+template <class Layout, int D, int Heads, class QT>
+void launch_decode(const typename Layout::Params& p, int max_blocks, int nseq, int group, const QT* q, QT* out,
+                   float scale_log2, const DecodeOptions& opt, cudaStream_t stream) {
+  using S = DecodeSmem<Layout, D, Heads>;
+  auto kernel = decode_split_kernel<Layout, D, Heads, QT>;
+  int dev = 0, optin = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
+  KVC_CHECK(S::bytes <= std::size_t(optin), Errc::kInvalidArgument, "decode kernel for block ", Layout::kBlockTokens,
+            " x head_dim ", D, " needs ", S::bytes, " bytes of shared memory; this GPU allows ", optin);
+  if (S::bytes > 48 * 1024)
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(S::bytes)),
+          "cudaFuncSetAttribute (decode_split_kernel shared memory)");
+  const int chunks = (group + Heads - 1) / Heads;
+  const int items = nseq * p.kv_heads * chunks;
+  const SplitPlan plan =
+      plan_splits(max_blocks, items, opt.target_ctas > 0 ? opt.target_ctas : 4 * sm_count(), opt.min_blocks_per_split);
+  const std::size_t rows = std::size_t(nseq) * p.kv_heads * group;
+  StreamScratch<float> ml(rows * plan.splits * 2, stream), acc(rows * plan.splits * D, stream);
+  kernel<<<dim3(unsigned(plan.splits), unsigned(p.kv_heads * chunks), unsigned(nseq)), kDecodeThreads, S::bytes,
+           stream>>>(p, q, group, scale_log2, plan, ml.data(), acc.data());
+  check_launch("decode_split_kernel");
+  decode_merge_kernel<D, QT><<<dim3(unsigned(p.kv_heads * group), unsigned(nseq)), kDecodeThreads, 0, stream>>>(
+      plan.splits, ml.data(), acc.data(), out);
+  check_launch("decode_merge_kernel");
+}
+}  // namespace detail
+
+/// Decode attention over one layer's Params with head dimension D (= p.head_dim).
+/// q, out: device [nseq][query_heads][D], contiguous; nseq <= p.batch; query_heads a positive multiple
+/// of p.kv_heads. host_lengths: the layer's token counts in host memory (the same as p.lengths, which
+/// the kernels read; used to validate and to plan splits); every one of the nseq sequences must hold a
+/// token. Asynchronous on `stream`; the query is not scanned for NaN/Inf (the output would show it).
+template <class Layout, int D, class QT>
+void decode_attention(const typename Layout::Params& p, const int* host_lengths, int nseq, int query_heads, const QT* q,
+                      QT* out, const DecodeOptions& opt = {}, cudaStream_t stream = nullptr) {
+  KVC_CHECK(p.head_dim == D, Errc::kInvalidArgument, "cache head_dim ", p.head_dim, " != kernel head_dim ", D);
+  KVC_CHECK(nseq >= 1 && nseq <= p.batch, Errc::kInvalidArgument, "query holds ", nseq, " sequences; the cache has ",
+            p.batch);
+  KVC_CHECK(query_heads >= p.kv_heads && query_heads % p.kv_heads == 0, Errc::kInvalidArgument, "query heads ",
+            query_heads, " are not a positive multiple of the cache's ", p.kv_heads, " KV heads");
+  KVC_CHECK(q != nullptr && out != nullptr && host_lengths != nullptr, Errc::kInvalidArgument,
+            "null query, output or lengths");
+  KVC_CHECK(std::isfinite(opt.scale) && opt.scale >= 0.0f, Errc::kInvalidArgument, "DecodeOptions::scale ", opt.scale,
+            " is not a finite value >= 0 (0 means 1/sqrt(head_dim))");
+  KVC_CHECK(opt.min_blocks_per_split >= 1 && opt.target_ctas >= 0, Errc::kInvalidArgument,
+            "DecodeOptions::min_blocks_per_split must be >= 1 and target_ctas >= 0 (got ", opt.min_blocks_per_split,
+            ", ", opt.target_ctas, ")");
+  int max_blocks = 0;
+  for (int s = 0; s < nseq; ++s) {
+    KVC_CHECK(host_lengths[s] > 0, Errc::kInvalidArgument, "sequence ", s, " is empty: nothing to attend to");
+    const int nb = Layout::selector::quantized_blocks(host_lengths[s], Layout::kBlockTokens);
+    max_blocks = nb > max_blocks ? nb : max_blocks;
+  }
+  const float scale = (opt.scale > 0.0f ? opt.scale : 1.0f / std::sqrt(float(D))) * 1.4426950408889634f;
+  const int group = query_heads / p.kv_heads;
+  if (group == 1) detail::launch_decode<Layout, D, 1, QT>(p, max_blocks, nseq, group, q, out, scale, opt, stream);
+  else if (group <= 4) detail::launch_decode<Layout, D, 4, QT>(p, max_blocks, nseq, group, q, out, scale, opt, stream);
+  else detail::launch_decode<Layout, D, 8, QT>(p, max_blocks, nseq, group, q, out, scale, opt, stream);
+}
+
+/// Decode attention over `layer` of a DeviceKVCache with head dimension D.
+template <int D, class Cache, class QT>
+void decode_attention(const Cache& cache, int layer, int nseq, int query_heads, const QT* q, QT* out,
+                      const DecodeOptions& opt = {}, cudaStream_t stream = nullptr) {
+  decode_attention<typename Cache::layout, D, QT>(cache.params(layer), cache.host_lengths(layer), nseq, query_heads, q,
+                                                  out, opt, stream);
+}
+
+/// The same, dispatching the cache's head dimension at run time to the kernels of `HeadDims...`
+/// (default: all of kHeadDims; name fewer to compile fewer). Throws for another head dimension.
+template <int... HeadDims, class Cache, class QT>
+void decode_attention_any(const Cache& cache, int layer, int nseq, int query_heads, const QT* q, QT* out,
+                          const DecodeOptions& opt = {}, cudaStream_t stream = nullptr) {
+  const int d = cache.config().head_dim;
+  auto one = [&]<int D>() {
+    if (d != D) return false;
+    decode_attention<D>(cache, layer, nseq, query_heads, q, out, opt, stream);
+    return true;
+  };
+  bool done;
+  if constexpr (sizeof...(HeadDims) == 0)
+    done = (one.template operator()<64>() || one.template operator()<80>() || one.template operator()<96>() ||
+            one.template operator()<128>() || one.template operator()<256>());
+  else
+    done = (one.template operator()<HeadDims>() || ...);
+  KVC_CHECK(done, Errc::kInvalidArgument, "head_dim ", d, " has no CUDA decode kernel here (compiled: 64, 80, 96, 128, 256 "
+            "or the HeadDims given)");
+}
+}  // namespace kvc::cuda

@@ -1,0 +1,256 @@
+/// \file append_kernels.cuh
+/// Device side of DeviceKVCache::append: the block compressor, the full-precision window writer and the
+/// input scan. They run the same host+device policy code as the host cache (quantize_group_masked,
+/// BlockFormat::index / group_of, pack_codes), on the same values (the input rounded through the window
+/// storage, as the host's ring holds it), so the stored codes and metadata are bit-identical.
+#pragma once
+
+#include <kvc/cache/cache_layout.hpp>
+#include <kvc/core/bit_packing.hpp>
+#include <kvc/core/numeric.hpp>
+#include <kvc/gear/block_correction.hpp>
+#include <kvc/quant/codec.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvc::cuda::detail {
+
+inline constexpr int kAppendThreads = 256;
+
+/// Element (t, c) of token `pos` of one side as the host ring holds it: a token already in the window
+/// (pos < n_before) is read from its row, a new one from the input rounded through the window storage.
+template <class Layout>
+__device__ float window_value(const typename Layout::Params& p, Side side, int seq, int head, int pos, int c,
+                              int n_before, const float* in) {
+  using W = typename Layout::window_t;
+  if (pos < n_before) return StorageTraits<W>::load(p.fp_row(side, seq, head, pos)[c]);
+  const float x = in[(std::size_t(pos - n_before) * p.kv_heads + head) * p.head_dim + c];
+  return StorageTraits<W>::load(StorageTraits<W>::store(x));
+}
+
+/// Dynamic shared memory of compress_blocks_kernel: the block's values and one byte per code.
+template <class F>
+constexpr std::size_t compress_smem_bytes(int d) {
+  return std::size_t(F::kBlockTokens) * d * (sizeof(float) + (F::kIdentity ? 0 : 1));
+}
+
+/// Compresses blocks blk0 + blockIdx.x of KV head blockIdx.y of sequence `seq`, side F::kSide, from the
+/// window / input (see window_value). One CTA per block; groups are quantized one per thread, then the
+/// codes are packed cooperatively. Block mode without corrections (the cache static_asserts that).
+template <class Layout, class F>
+__global__ void __launch_bounds__(kAppendThreads)
+    compress_blocks_kernel(const __grid_constant__ typename Layout::Params p, int seq, int blk0, int n_before,
+                           const float* __restrict__ in) {
+  static_assert(!F::kCorrected, "kvc::cuda: blocks with GEAR corrections go through compress_gear_kernel");
+  constexpr int B = F::kBlockTokens;
+  constexpr Side side = F::kSide;
+  extern __shared__ __align__(16) unsigned char append_smem[];
+  unsigned char* smem = append_smem;
+  const int d = p.head_dim, head = blockIdx.y, blk = blk0 + blockIdx.x;
+  const int first = Layout::kSink + blk * B;
+  float* x = reinterpret_cast<float*>(smem);
+  for (int i = threadIdx.x; i < B * d; i += blockDim.x) {
+    const int t = i / d, c = i - t * d;
+    x[i] = window_value<Layout>(p, side, seq, head, first + t, c, n_before, in);
+  }
+  __syncthreads();
+  std::byte* dst = side == Side::kKey ? p.key_block(seq, head, blk) : p.value_block(seq, head, blk);
+  if constexpr (F::kIdentity) {
+    F::store_identity(x, d, dst, threadIdx.x, blockDim.x);
+  } else {
+    std::uint8_t* codes = smem + std::size_t(B) * d * sizeof(float);
+    F::quantize_groups(x, d, codes, dst, nullptr, threadIdx.x, blockDim.x);
+    __syncthreads();
+    pack_codes(codes, std::size_t(B) * d, F::kBits, reinterpret_cast<std::uint8_t*>(dst), threadIdx.x, blockDim.x);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// GEAR (block mode): outliers, backbone, residual on the device; the low-rank fit then runs
+// power_iteration over CudaLinalg (DeviceKVCache) and write_factors_kernel stores it.
+// ------------------------------------------------------------------------------------------------
+
+/// Order-preserving map of a float to uint32 (-0 and +0 map alike, as they compare equal on the host).
+__device__ __forceinline__ unsigned ordered_key(float f) {
+  const unsigned u = __float_as_uint(f + 0.0f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/// Sum of v over the CTA, returned to every thread (counter: one shared int).
+__device__ __forceinline__ int block_sum(int v, int* counter) {
+  __syncthreads();
+  if (threadIdx.x == 0) *counter = 0;
+  __syncthreads();
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0 && v != 0) atomicAdd(counter, v);
+  __syncthreads();
+  return *counter;
+}
+
+/// Exclusive prefix sum of v over the threads in index order (scan: blockDim.x shared ints).
+__device__ __forceinline__ int block_exclusive_scan(int v, int* scan) {
+  __syncthreads();
+  scan[threadIdx.x] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int run = 0;
+    for (int i = 0; i < int(blockDim.x); ++i) {
+      const int x = scan[i];
+      scan[i] = run;
+      run += x;
+    }
+  }
+  __syncthreads();
+  return scan[threadIdx.x];
+}
+
+/// Sets mask[i] = 1 for the k unmasked elements of largest key(i), ties to the lower index (the host's
+/// select_outliers order): an MSB-first radix select of the k-th key, then the ties in index order
+/// (thread j owns the contiguous chunk j of the n elements). Every thread calls it.
+template <class Key>
+__device__ void select_largest(int n, int k, Key key, std::uint8_t* mask, int* scan, int* counter) {
+  if (k <= 0) return;
+  unsigned p = 0;
+  for (int bit = 31; bit >= 0; --bit) {
+    const unsigned cand = p | (1u << bit);
+    int cnt = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) cnt += !mask[i] && key(i) >= cand;
+    if (block_sum(cnt, counter) >= k) p = cand;
+  }
+  int gt = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) gt += !mask[i] && key(i) > p;
+  const int need = k - block_sum(gt, counter);
+  const int per = (n + int(blockDim.x) - 1) / int(blockDim.x), lo = int(threadIdx.x) * per;
+  const int hi = lo + per < n ? lo + per : n;
+  int eq = 0;
+  for (int i = lo; i < hi; ++i) eq += !mask[i] && key(i) == p;
+  int rank = block_exclusive_scan(eq, scan);  // barrier: every count above read the old mask
+  for (int i = lo; i < hi; ++i) {
+    if (mask[i]) continue;
+    const unsigned kk = key(i);
+    if (kk > p || (kk == p && rank++ < need)) mask[i] = 1;
+  }
+  __syncthreads();
+}
+
+/// Dynamic shared memory of compress_gear_kernel.
+template <class F>
+constexpr std::size_t gear_smem_bytes(int d) {
+  return (std::size_t(F::kBlockTokens) * d * (sizeof(float) + 2) + 15) / 16 * 16 + sizeof(int) * (kAppendThreads + 1);
+}
+
+/// GEAR's block compression (SPEC §1.3 steps 1-3, the host's CompressedKVCache::compress_block on the
+/// device, bit for bit): outliers = the signed top/bottom s/2 of the block, backbone quantized over the
+/// inliers, outlier entries fp16(x - x^) ascending by index; with a low-rank residual, the remaining
+/// residual x - x^ - S goes to residual[(blockIdx.x * kv_heads + head) * d * B + c * B + t] (column-major
+/// B x d) for the host-driven power iteration.
+template <class Layout, class F>
+__global__ void __launch_bounds__(kAppendThreads)
+    compress_gear_kernel(const __grid_constant__ typename Layout::Params p, int seq, int blk0, int n_before,
+                         const float* __restrict__ in, float* __restrict__ residual) {
+  using C = typename F::correction;
+  static_assert(C::kActive && !F::kIdentity);
+  constexpr int B = F::kBlockTokens;
+  constexpr Side side = F::kSide;
+  extern __shared__ __align__(16) unsigned char gear_smem[];
+  const int d = p.head_dim, head = blockIdx.y, blk = blk0 + blockIdx.x, n = B * d;
+  float* x = reinterpret_cast<float*>(gear_smem);
+  std::uint8_t* codes = gear_smem + std::size_t(n) * sizeof(float);
+  std::uint8_t* mask = codes + n;
+  int* scan = reinterpret_cast<int*>(gear_smem + (std::size_t(n) * (sizeof(float) + 2) + 15) / 16 * 16);
+  int* counter = scan + blockDim.x;
+  const int first = Layout::kSink + blk * B;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int t = i / d, c = i - t * d;
+    x[i] = window_value<Layout>(p, side, seq, head, first + t, c, n_before, in);
+    mask[i] = 0;
+  }
+  __syncthreads();
+  std::byte* dst = side == Side::kKey ? p.key_block(seq, head, blk) : p.value_block(seq, head, blk);
+  std::byte* region = dst + F::correction_offset(d);
+  if constexpr (C::kOutliers) {
+    const int k = C::outliers(B, d) / 2;
+    select_largest(n, k, [&](int i) { return ordered_key(x[i]); }, mask, scan, counter);
+    select_largest(n, k, [&](int i) { return ~ordered_key(x[i]); }, mask, scan, counter);
+  }
+  F::quantize_groups(x, d, codes, dst, mask, threadIdx.x, blockDim.x);
+  __syncthreads();
+  pack_codes(codes, std::size_t(n), F::kBits, reinterpret_cast<std::uint8_t*>(dst), threadIdx.x, blockDim.x);
+  __syncthreads();  // the packed codes (global) are visible to the whole CTA after the barrier
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int t = i / d, c = i - t * d;
+    x[i] -= F::decode(dst, t, c, d);  // the residual x - x^, as the host computes it
+  }
+  if constexpr (C::kOutliers) {
+    const int no = C::outliers(B, d);
+    auto* idx = reinterpret_cast<std::uint16_t*>(region);
+    auto* val = reinterpret_cast<half_t*>(region + std::size_t(no) * sizeof(std::uint16_t));
+    const int per = (n + int(blockDim.x) - 1) / int(blockDim.x), lo = int(threadIdx.x) * per;
+    const int hi = lo + per < n ? lo + per : n;
+    int cnt = 0;
+    for (int i = lo; i < hi; ++i) cnt += mask[i];
+    int o = block_exclusive_scan(cnt, scan);  // barrier: the residual above is complete
+    for (int i = lo; i < hi; ++i)
+      if (mask[i]) {
+        idx[o] = static_cast<std::uint16_t>(i);
+        val[o] = half_t::from_float(x[i]);
+        x[i] -= val[o].to_float();
+        ++o;
+      }
+  }
+  if constexpr (C::kLowRank) {
+    __syncthreads();
+    float* rc = residual + (std::size_t(blockIdx.x) * gridDim.y + head) * std::size_t(n);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const int c = i / B, t = i - c * B;  // column-major B x d: coalesced writes
+      rc[i] = x[t * d + c];
+    }
+  }
+}
+
+/// Stores the fitted factors of blocks blk0 + blockIdx.x, KV head blockIdx.y, in fp16 after the
+/// outliers of the correction region: A (B x r) and Bm (d x r), column-major, from a[(item) * B * r] and
+/// b[(item) * d * r], item = blockIdx.x * kv_heads + head (the host's order: A^T then B^T row-major).
+template <class Layout, class F>
+__global__ void write_factors_kernel(const __grid_constant__ typename Layout::Params p, int seq, int blk0,
+                                     const float* __restrict__ a, const float* __restrict__ b) {
+  using C = typename F::correction;
+  constexpr int B = F::kBlockTokens;
+  const int d = p.head_dim, head = blockIdx.y, blk = blk0 + blockIdx.x, r = C::rank(B, d);
+  std::byte* dst = F::kSide == Side::kKey ? p.key_block(seq, head, blk) : p.value_block(seq, head, blk);
+  auto* f = reinterpret_cast<half_t*>(dst + F::correction_offset(d) + C::outlier_bytes(B, d));
+  const std::size_t item = std::size_t(blockIdx.x) * gridDim.y + head;
+  for (int i = threadIdx.x; i < B * r; i += blockDim.x) f[i] = half_t::from_float(a[item * B * r + i]);
+  for (int i = threadIdx.x; i < d * r; i += blockDim.x) f[B * r + i] = half_t::from_float(b[item * d * r + i]);
+}
+
+/// Writes the new tokens that stay in full precision (positions n_before + blockIdx.x below the sink's
+/// end or at/after `live_from`) of KV head blockIdx.y into the sink / ring rows, both sides.
+template <class Layout>
+__global__ void write_window_kernel(const __grid_constant__ typename Layout::Params p, int seq, int n_before,
+                                    int live_from, const float* __restrict__ k, const float* __restrict__ v) {
+  using W = typename Layout::window_t;
+  const int pos = n_before + blockIdx.x, head = blockIdx.y, d = p.head_dim;
+  if (pos >= Layout::kSink && pos < live_from) return;  // compressed by this append: never read again
+  const std::size_t row = (std::size_t(blockIdx.x) * p.kv_heads + head) * d;
+  W* kr = p.fp_row(Side::kKey, seq, head, pos);
+  W* vr = p.fp_row(Side::kValue, seq, head, pos);
+  for (int c = threadIdx.x; c < d; c += blockDim.x) {
+    kr[c] = StorageTraits<W>::store(k[row + c]);
+    vr[c] = StorageTraits<W>::store(v[row + c]);
+  }
+}
+
+/// first_bad <- min(first_bad, index of the first element of x[0, n) that is not finite or exceeds
+/// `limit` in magnitude). first_bad starts at n.
+template <class T>
+__global__ void scan_inputs_kernel(const T* __restrict__ x, unsigned long long n, float limit,
+                                   unsigned long long* first_bad) {
+  for (unsigned long long i = blockIdx.x * static_cast<unsigned long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<unsigned long long>(gridDim.x) * blockDim.x) {
+    const float v = StorageTraits<T>::load(x[i]);
+    if (!(fabsf(v) <= limit)) atomicMin(first_bad, i);  // NaN fails the comparison too
+  }
+}
+}  // namespace kvc::cuda::detail

@@ -1,0 +1,260 @@
+/// \file decode_kernel.cuh
+/// The fused decode-attention kernels (flash-decoding): one CTA per (split of a stream's blocks, KV head
+/// and chunk of its query heads, sequence) and a merge kernel. Per chunk of tokens (a quantized block,
+/// or up to B full-precision sink / window tokens) a CTA
+///   1. stages the block's bytes in shared memory (16-byte vector loads) and decodes them with the
+///      policy's own host+device code (BlockFormat::decode) into fp32 tiles, then adds GEAR's
+///      corrections with the policy's cooperative epilogue (BlockCorrection::add_*_to);
+///   2. scores the tile against the CTA's query heads (GQA: the heads of one KV group share every
+///      decoded tile), each thread one token and a slice of channels;
+///   3. updates the online softmax (base 2) and accumulates p . V, each thread one channel.
+/// Everything comes from CacheLayout::Params (passed as a __grid_constant__); identity formats and
+/// absent corrections compile out with `if constexpr`. Math is fp32 FMA on the decoded values, i.e.
+/// the CPU kernel's Precision::kExact.
+#pragma once
+
+#include <kvc/attention/split_merge.hpp>
+#include <kvc/cache/cache_layout.hpp>
+#include <kvc/core/numeric.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvc::cuda::detail {
+
+inline constexpr int kDecodeThreads = 128;
+
+/// Shared-memory plan of one decode CTA (offsets in bytes). Tiles: keys [B][D + 1] (threads walk
+/// tokens: an odd row stride keeps them on distinct banks), values [B][D] (threads walk channels).
+template <class Layout, int D, int Heads>
+struct DecodeSmem {
+  using KF = typename Layout::key_format;
+  using VF = typename Layout::value_format;
+  static constexpr int B = Layout::kBlockTokens;
+  static constexpr int NT = kDecodeThreads;
+  static constexpr int kKeyLd = D + 1;
+  static constexpr int kTok = B < NT ? B : NT;  ///< tokens scored at once (one per thread)
+  static constexpr int kSlices = NT / kTok;     ///< channel slices per token
+  static_assert(D % kSlices == 0, "kvc::cuda: head_dim must split into the score kernel's channel slices");
+  static constexpr std::size_t align16(std::size_t x) { return (x + 15) / 16 * 16; }
+  static constexpr std::size_t q = 0;                                                 // float [Heads][D]
+  static constexpr std::size_t ktile = q + sizeof(float) * Heads * D;                 // float [B][D + 1]
+  static constexpr std::size_t vtile = align16(ktile + sizeof(float) * B * kKeyLd);  // float [B][D]
+  static constexpr std::size_t part = vtile + sizeof(float) * B * D;                 // float [kSlices][Heads][B]
+  static constexpr std::size_t sc = part + sizeof(float) * kSlices * Heads * B;       // float [Heads][B]
+  static constexpr std::size_t stat = sc + sizeof(float) * Heads * B;                 // float m, l, alpha [Heads]
+  static constexpr std::size_t kraw = align16(stat + sizeof(float) * 3 * Heads);      // staged key block
+  static constexpr std::size_t vraw = align16(kraw + (KF::kIdentity ? 0 : KF::block_bytes(D)));
+  static constexpr std::size_t bytes = align16(vraw + (VF::kIdentity ? 0 : VF::block_bytes(D)));
+};
+
+/// Copies `bytes` (a multiple of 16, both 16-byte aligned) from global to shared memory, cooperatively.
+__device__ __forceinline__ void stage(const std::byte* __restrict__ src, std::byte* dst, std::size_t bytes) {
+  const uint4* s = reinterpret_cast<const uint4*>(src);
+  uint4* o = reinterpret_cast<uint4*>(dst);
+  for (std::size_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) o[i] = __ldg(s + i);
+}
+
+/// Decodes a staged block (quantized: from shared memory; identity: straight from global memory) into
+/// tile[t * ld + c]: backbone first, then (after barriers) the outlier and residual corrections.
+template <class F, int D>
+__device__ __forceinline__ void decode_tile(const std::byte* block, float* tile, int ld) {
+  constexpr int B = F::kBlockTokens;
+  for (int i = threadIdx.x; i < B * D; i += blockDim.x) {
+    // identity blocks: walk storage order so consecutive threads read consecutive elements
+    int t, c;
+    if constexpr (F::kIdentity && F::kSide == Side::kKey) {
+      c = i / B;
+      t = i - c * B;
+    } else {
+      t = i / D;
+      c = i - t * D;
+    }
+    tile[t * ld + c] = F::decode(block, t, c, D);
+  }
+  if constexpr (F::kCorrected) {
+    using C = typename F::correction;
+    const std::byte* region = F::correction_region(block, D);
+    __syncthreads();
+    C::add_outliers_to(region, B, D, tile, ld, threadIdx.x, blockDim.x);
+    __syncthreads();
+    C::add_residual_to(region, B, D, tile, ld, threadIdx.x, blockDim.x);
+  }
+}
+
+/// Loads full-precision tokens [pos0, pos0 + nt) (sink or ring rows) of one side into tile[t * ld + c].
+template <class Layout, int D>
+__device__ __forceinline__ void load_fp_rows(const typename Layout::Params& p, Side side, int seq, int kvh, int pos0,
+                                             int nt, float* tile, int ld) {
+  using W = typename Layout::window_t;
+  for (int i = threadIdx.x; i < nt * D; i += blockDim.x) {
+    const int t = i / D, c = i - t * D;
+    tile[t * ld + c] = StorageTraits<W>::load(p.fp_row(side, seq, kvh, pos0 + t)[c]);
+  }
+}
+
+/// The split kernel. Grid: (split, kv_head * head_chunks, sequence). Writes, per query head of the CTA,
+/// the partial state (m, l) to ml[(row * splits + split) * 2 + {0, 1}] and acc to acc[(row * splits +
+/// split) * D + c], row = sequence * query_heads + query head.
+template <class Layout, int D, int Heads, class QT>
+__global__ void __launch_bounds__(kDecodeThreads)
+    decode_split_kernel(const __grid_constant__ typename Layout::Params p, const QT* __restrict__ q, int group,
+                        float scale_log2, SplitPlan plan, float* __restrict__ ml, float* __restrict__ acc_out) {
+  using S = DecodeSmem<Layout, D, Heads>;
+  using KF = typename Layout::key_format;
+  using VF = typename Layout::value_format;
+  static_assert(!Layout::kStreamOutliers,
+                "kvc::cuda: stream-scope outliers (GEAR paper mode) have no device kernel; use OutlierScope::kBlock");
+  constexpr int B = S::B, NT = S::NT, kCpt = (D + NT - 1) / NT;
+  extern __shared__ __align__(16) std::byte decode_smem[];
+  std::byte* smem = decode_smem;
+  float* qs = reinterpret_cast<float*>(smem + S::q);
+  float* kt = reinterpret_cast<float*>(smem + S::ktile);
+  float* vt = reinterpret_cast<float*>(smem + S::vtile);
+  float* part = reinterpret_cast<float*>(smem + S::part);
+  float* sc = reinterpret_cast<float*>(smem + S::sc);
+  float* st_m = reinterpret_cast<float*>(smem + S::stat);
+  float* st_l = st_m + Heads;
+  float* st_a = st_l + Heads;
+
+  const int split = blockIdx.x, seq = blockIdx.z;
+  const int chunks = (group + Heads - 1) / Heads;
+  const int kvh = blockIdx.y / chunks, h0 = (blockIdx.y - kvh * chunks) * Heads;
+  const int heads = group - h0 < Heads ? group - h0 : Heads;  // query heads of this CTA
+  const int qheads = p.kv_heads * group, qrow0 = seq * qheads + kvh * group + h0;
+  const int n = p.lengths[seq], nb = p.quantized_blocks(seq);
+  int b0, b1;
+  split_blocks(plan, split, nb, &b0, &b1);
+
+  for (int i = threadIdx.x; i < Heads * D; i += NT) {
+    const int h = i / D;
+    qs[i] = h < heads ? StorageTraits<QT>::load(q[std::size_t(qrow0 + h) * D + (i - h * D)]) * scale_log2 : 0.0f;
+  }
+  if (threadIdx.x < Heads) {
+    st_m[threadIdx.x] = neg_inf();
+    st_l[threadIdx.x] = 0.0f;
+  }
+  float acc[Heads][kCpt];
+#pragma unroll
+  for (int h = 0; h < Heads; ++h)
+#pragma unroll
+    for (int j = 0; j < kCpt; ++j) acc[h][j] = 0.0f;
+  __syncthreads();
+
+  // One chunk: tiles filled by `load`, nt valid tokens.
+  auto chunk = [&](int nt, auto&& load) {
+    load();
+    __syncthreads();
+    // scores: thread (token ti, slice sl)
+    const int ti = threadIdx.x % S::kTok, sl = threadIdx.x / S::kTok;
+    constexpr int kPer = D / S::kSlices;
+    for (int t = ti; t < B; t += S::kTok) {
+      float a[Heads];
+#pragma unroll
+      for (int h = 0; h < Heads; ++h) a[h] = 0.0f;
+      if (t < nt) {
+        const float* kr = kt + t * S::kKeyLd + sl * kPer;
+        const float* qr = qs + sl * kPer;
+#pragma unroll 8
+        for (int c = 0; c < kPer; ++c) {
+          const float kv = kr[c];
+#pragma unroll
+          for (int h = 0; h < Heads; ++h) a[h] = fmaf(qr[h * D + c], kv, a[h]);
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < Heads; ++h) part[(sl * Heads + h) * B + t] = a[h];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < Heads * B; i += NT) {
+      const int h = i / B, t = i - h * B;
+      float s = 0.0f;
+#pragma unroll
+      for (int k = 0; k < S::kSlices; ++k) s += part[(k * Heads + h) * B + t];
+      sc[i] = t < nt ? s : neg_inf();
+    }
+    __syncthreads();
+    // online softmax: one warp per query head
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int h = warp; h < heads; h += NT / 32) {
+      float mx = neg_inf();
+      for (int t = lane; t < nt; t += 32) mx = fmaxf(mx, sc[h * B + t]);
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float m_old = st_m[h], m_new = fmaxf(m_old, mx);
+      float sum = 0.0f;
+      for (int t = lane; t < B; t += 32) {
+        const float e = t < nt ? exp2f(sc[h * B + t] - m_new) : 0.0f;
+        sc[h * B + t] = e;
+        sum += e;
+      }
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (lane == 0) {
+        const float alpha = split_weight(m_old, m_new);
+        st_m[h] = m_new;
+        st_l[h] = st_l[h] * alpha + sum;
+        st_a[h] = alpha;
+      }
+    }
+    __syncthreads();
+    // p . V: thread per channel
+#pragma unroll
+    for (int j = 0; j < kCpt; ++j) {
+      const int c = threadIdx.x + j * NT;
+      if (c >= D) break;
+#pragma unroll
+      for (int h = 0; h < Heads; ++h) acc[h][j] *= h < heads ? st_a[h] : 0.0f;
+      for (int t = 0; t < nt; ++t) {
+        const float v = vt[t * D + c];
+#pragma unroll
+        for (int h = 0; h < Heads; ++h) acc[h][j] = fmaf(h < heads ? sc[h * B + t] : 0.0f, v, acc[h][j]);
+      }
+    }
+    __syncthreads();  // the next chunk overwrites the tiles
+  };
+
+  auto fp_span = [&](int from, int to) {  // full-precision tokens [from, to), B at a time
+    for (int pos0 = from; pos0 < to; pos0 += B) {
+      const int nt = to - pos0 < B ? to - pos0 : B;
+      chunk(nt, [&] {
+        load_fp_rows<Layout, D>(p, Side::kKey, seq, kvh, pos0, nt, kt, S::kKeyLd);
+        load_fp_rows<Layout, D>(p, Side::kValue, seq, kvh, pos0, nt, vt, D);
+      });
+    }
+  };
+  if (split == 0) fp_span(0, n < Layout::kSink ? n : Layout::kSink);
+  for (int blk = b0; blk < b1; ++blk) {
+    chunk(B, [&] {
+      const std::byte* kb = p.key_block(seq, kvh, blk);
+      const std::byte* vb = p.value_block(seq, kvh, blk);
+      if constexpr (!KF::kIdentity) stage(kb, smem + S::kraw, KF::block_bytes(D));
+      if constexpr (!VF::kIdentity) stage(vb, smem + S::vraw, VF::block_bytes(D));
+      if constexpr (!KF::kIdentity || !VF::kIdentity) __syncthreads();
+      decode_tile<KF, D>(KF::kIdentity ? kb : smem + S::kraw, kt, S::kKeyLd);
+      decode_tile<VF, D>(VF::kIdentity ? vb : smem + S::vraw, vt, D);
+    });
+  }
+  if (split == 0) fp_span(Layout::kSink + nb * B, n);
+
+  const std::size_t splits = std::size_t(gridDim.x);
+  for (int h = threadIdx.x; h < heads; h += NT) {
+    const std::size_t r = (std::size_t(qrow0 + h) * splits + split) * 2;
+    ml[r] = st_m[h];
+    ml[r + 1] = st_l[h];
+  }
+#pragma unroll
+  for (int j = 0; j < kCpt; ++j) {
+    const int c = threadIdx.x + j * NT;
+    if (c >= D) break;
+    for (int h = 0; h < heads; ++h) acc_out[(std::size_t(qrow0 + h) * splits + split) * D + c] = acc[h][j];
+  }
+}
+
+/// Merge kernel: grid (query head, sequence); row = sequence * query_heads + head.
+template <int D, class QT>
+__global__ void __launch_bounds__(kDecodeThreads)
+    decode_merge_kernel(int splits, const float* __restrict__ ml, const float* __restrict__ acc, QT* __restrict__ out) {
+  const std::size_t row = std::size_t(blockIdx.y) * gridDim.x + blockIdx.x;
+  merge_splits(splits, ml + row * splits * 2, ml + row * splits * 2 + 1, 2, acc + row * splits * D, D, D,
+               out + row * D, threadIdx.x, blockDim.x);
+}
+}  // namespace kvc::cuda::detail

@@ -1,0 +1,353 @@
+/// \file device_kv_cache.cuh
+/// `kvc::cuda::DeviceKVCache<Policy...>`: the device-resident twin of `kvc::CompressedKVCache<Policy...>`.
+/// The same policies resolve to the same `CacheLayout` (cache/policies.hpp), so `params(layer)` is the
+/// same trivially-copyable Params the CPU attention reads, with device pointers, and the arenas hold the
+/// same bytes: upload()/download() copy a host cache of the same policies bit for bit, and a device
+/// append stores the codes and metadata a host append stores (same policy code on the same values).
+///
+/// Compression on the device covers block mode: uniform, group/KIVI, the sliding window and sink,
+/// identity fp32/fp16/bf16, and GEAR's block-scope outliers and low-rank residual (outliers and
+/// backbone in one kernel, bit-identical to the host; the rank-r fit by the same power_iteration code
+/// over cuBLAS/cuSOLVER, equal to the host's up to fp32 rounding). LiteralMode and LowRankInit::kWarm
+/// keep host state and are host-only (a compile error here).
+/// Errors: bad input throws kvc::Error (the host cache's messages) before anything is written; CUDA
+/// failures throw kvc::Error(kCuda) with the runtime's text. Host API; not thread-safe.
+#pragma once
+
+#include <kvc/cache/cache_layout.hpp>
+#include <kvc/cache/policies.hpp>
+#include <kvc/core/error.hpp>
+#include <kvc/core/view.hpp>
+#include <kvc/cuda/detail/append_kernels.cuh>
+#include <kvc/cuda/device_buffer.cuh>
+#include <kvc/cuda/error.cuh>
+#include <kvc/cuda/linalg.cuh>
+#include <kvc/gear/power_iteration.hpp>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+namespace kvc {
+template <class... P>
+class CompressedKVCache;  // cache/compressed_kv_cache.hpp (host only: not included here)
+}  // namespace kvc
+
+namespace kvc::cuda {
+
+template <class... P>
+class DeviceKVCache {
+  using R = kvc::detail::resolve_policies<P...>;
+  static_assert(kvc::detail::cache_checks<P...>::kOk);  // the messages come from detail::cache_checks
+  static_assert(std::is_void_v<typename R::streaming>,
+                "kvc::cuda::DeviceKVCache compresses in block mode; kvc::LiteralMode recompresses the whole history "
+                "and exists on the host only (CompressedKVCache)");
+
+ public:
+  using key_quantizer = typename R::key_q;
+  using value_quantizer = typename R::value_q;
+  using selector = typename R::selector;
+  static constexpr int kBlockTokens = R::block::kTokens;
+  using layout = CacheLayout<key_quantizer, value_quantizer, selector, kBlockTokens, typename R::key_corr,
+                             typename R::value_corr, typename R::stream_outliers>;
+  using params_type = typename layout::Params;
+  using key_format = typename layout::key_format;
+  using value_format = typename layout::value_format;
+  using window_t = typename layout::window_t;
+  using rules = kvc::detail::CacheRules<layout>;
+  using residual = typename R::residual;  ///< void when absent
+  /// Whether append() exists: LowRankInit::kWarm carries each stream's basis on the host only.
+  static constexpr bool kDeviceAppend = [] {
+    if constexpr (std::is_void_v<residual>) return true;
+    else return residual::kInit != LowRankInit::kWarm;
+  }();
+
+  explicit DeviceKVCache(const CacheConfig& cfg) : cfg_(cfg), cap_blocks_(rules::validate(cfg)) {
+    const std::size_t streams = std::size_t(cfg.layers) * cfg.batch * cfg.kv_heads;
+    const std::size_t d = std::size_t(cfg.head_dim);
+    k_blocks_ = DeviceBuffer<std::byte>(streams * cap_blocks_ * key_format::block_bytes(cfg.head_dim));
+    v_blocks_ = DeviceBuffer<std::byte>(streams * cap_blocks_ * value_format::block_bytes(cfg.head_dim));
+    k_sink_ = DeviceBuffer<window_t>(streams * layout::kSink * d);
+    v_sink_ = DeviceBuffer<window_t>(streams * layout::kSink * d);
+    k_ring_ = DeviceBuffer<window_t>(streams * layout::kRingTokens * d);
+    v_ring_ = DeviceBuffer<window_t>(streams * layout::kRingTokens * d);
+    lengths_ = DeviceBuffer<int>(std::size_t(cfg.layers) * cfg.batch);
+    host_lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
+  }
+
+  [[nodiscard]] const CacheConfig& config() const noexcept { return cfg_; }
+  [[nodiscard]] int length(int layer, int seq) const {
+    rules::check_index(cfg_, layer, seq);
+    return host_lengths_[std::size_t(layer) * cfg_.batch + seq];
+  }
+  [[nodiscard]] int quantized_blocks(int layer, int seq) const {
+    return selector::quantized_blocks(length(layer, seq), kBlockTokens);
+  }
+  /// Token counts of layer's sequences, host memory (what the launchers plan splits with).
+  [[nodiscard]] const int* host_lengths(int layer) const {
+    rules::check_index(cfg_, layer, 0);
+    return host_lengths_.data() + std::size_t(layer) * cfg_.batch;
+  }
+
+  /// Appends k.dim0 tokens to sequence `seq` of `layer` from HOST memory (k, v: [tokens][kv_heads][head_dim],
+  /// any strides): validated on the host, copied, then compressed by the device on `stream`.
+  void append(int layer, int seq, KVView k, KVView v, cudaStream_t stream = nullptr) {
+    const int tokens = check_append(layer, seq, k, v);
+    if (tokens == 0) return;
+    rules::check_values(k, "key");
+    rules::check_values(v, "value");
+    const std::size_t count = std::size_t(tokens) * cfg_.kv_heads * cfg_.head_dim;
+    std::vector<float> host(2 * count);
+    pack(k, host.data());
+    pack(v, host.data() + count);
+    StreamScratch<float> dev(2 * count, stream);
+    check(cudaMemcpyAsync(dev.data(), host.data(), 2 * count * sizeof(float), cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync (append input)");
+    enqueue_append(layer, seq, tokens, dev.data(), dev.data() + count, stream);
+    // `host` is pageable: cudaMemcpyAsync has staged it before returning, so it may go out of scope.
+  }
+
+  /// Appends from DEVICE memory (k, v: contiguous [tokens][kv_heads][head_dim] fp32, stride fields
+  /// ignored but dims checked). The values are scanned on the device first (one synchronisation); the
+  /// first bad one throws the host cache's error and nothing is written.
+  void append_device(int layer, int seq, KVView k, KVView v, cudaStream_t stream = nullptr) {
+    const int tokens = check_append(layer, seq, k, v);
+    if (tokens == 0) return;
+    for (const KVView* x : {&k, &v})
+      KVC_CHECK(x->stride1 == x->dim2 && x->stride0 == std::ptrdiff_t(x->dim1) * x->dim2, Errc::kInvalidArgument,
+                "append_device needs contiguous [tokens][kv_heads][head_dim] inputs (strides ", x->stride0, ", ",
+                x->stride1, ")");
+    scan(k, "key", stream);
+    scan(v, "value", stream);
+    enqueue_append(layer, seq, tokens, k.data, v.data, stream);
+  }
+
+  /// Forgets sequence `seq` in every layer.
+  void clear(int seq) {
+    rules::check_index(cfg_, 0, seq);
+    for (int l = 0; l < cfg_.layers; ++l) set_length(l, seq, 0, nullptr);
+  }
+
+  /// The view of one layer the CUDA kernels read (device pointers; lengths in device memory).
+  [[nodiscard]] params_type params(int layer) const {
+    rules::check_index(cfg_, layer, 0);
+    const std::size_t s0 = std::size_t(layer) * cfg_.batch * cfg_.kv_heads, d = std::size_t(cfg_.head_dim);
+    auto* self = const_cast<DeviceKVCache*>(this);
+    return params_type{cfg_.batch,
+                       cfg_.kv_heads,
+                       cfg_.head_dim,
+                       cap_blocks_,
+                       self->lengths_.data() + std::size_t(layer) * cfg_.batch,
+                       self->k_blocks_.data() + s0 * cap_blocks_ * key_format::block_bytes(cfg_.head_dim),
+                       self->v_blocks_.data() + s0 * cap_blocks_ * value_format::block_bytes(cfg_.head_dim),
+                       self->k_sink_.data() + s0 * layout::kSink * d,
+                       self->v_sink_.data() + s0 * layout::kSink * d,
+                       self->k_ring_.data() + s0 * layout::kRingTokens * d,
+                       self->v_ring_.data() + s0 * layout::kRingTokens * d,
+                       0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+  }
+
+  /// Live bytes of one layer (= the bytes one decode step over it reads); the host cache's accounting.
+  [[nodiscard]] std::size_t stored_bytes(int layer) const { return rules::stored_bytes(cfg_, host_lengths(layer)); }
+  [[nodiscard]] std::size_t decode_read_bytes(int layer) const { return stored_bytes(layer); }
+  [[nodiscard]] double bits_per_element() const {
+    std::size_t bytes = 0, elems = 0;
+    for (int l = 0; l < cfg_.layers; ++l) {
+      bytes += stored_bytes(l);
+      for (int s = 0; s < cfg_.batch; ++s) elems += std::size_t(length(l, s)) * 2u * cfg_.kv_heads * cfg_.head_dim;
+    }
+    return elems ? 8.0 * double(bytes) / double(elems) : 0.0;
+  }
+  [[nodiscard]] std::size_t allocated_bytes() const {
+    return k_blocks_.bytes() + v_blocks_.bytes() + k_sink_.bytes() + v_sink_.bytes() + k_ring_.bytes() +
+           v_ring_.bytes() + lengths_.bytes();
+  }
+
+  /// Copies a host cache of the same policies and config into this one, bit for bit (synchronous).
+  template <class HostCache>
+  void upload(const HostCache& host) {
+    check_twin<HostCache>(host.config());
+    transfer(host, cudaMemcpyHostToDevice);
+    for (int l = 0; l < cfg_.layers; ++l)
+      for (int s = 0; s < cfg_.batch; ++s) set_length(l, s, host.length(l, s), nullptr);
+    check(cudaDeviceSynchronize(), "upload");
+  }
+  /// Copies this cache into a host cache of the same policies and config, bit for bit (synchronous).
+  template <class HostCache>
+  void download(HostCache& host) const {
+    check_twin<HostCache>(host.config());
+    check(cudaDeviceSynchronize(), "download");  // appends queued on any stream have finished
+    transfer(host, cudaMemcpyDeviceToHost);
+    host.lengths_ = host_lengths_;
+  }
+
+ private:
+  /// The checks both appends make before anything else; returns the token count (0: nothing to do).
+  int check_append(int layer, int seq, KVView k, KVView v) const {
+    static_assert(kDeviceAppend, "kvc::cuda::DeviceKVCache: LowRankInit::kWarm keeps each stream's last basis on the "
+                                 "host; compress with CompressedKVCache and upload(), or use LowRankInit::kRandom");
+    return rules::check_append_shape(cfg_, layer, seq, length(layer, seq), k, v);
+  }
+
+  template <class HostCache>
+  void check_twin(const CacheConfig& h) const {
+    static_assert(std::is_same_v<typename HostCache::layout, layout>,
+                  "kvc::cuda::DeviceKVCache: upload/download need a CompressedKVCache of the same policies");
+    KVC_CHECK(h.layers == cfg_.layers && h.batch == cfg_.batch && h.kv_heads == cfg_.kv_heads &&
+                  h.head_dim == cfg_.head_dim && h.capacity == cfg_.capacity,
+              Errc::kInvalidArgument, "host cache config (layers ", h.layers, ", batch ", h.batch, ", kv_heads ",
+              h.kv_heads, ", head_dim ", h.head_dim, ", capacity ", h.capacity, ") differs from the device cache's (",
+              cfg_.layers, ", ", cfg_.batch, ", ", cfg_.kv_heads, ", ", cfg_.head_dim, ", ", cfg_.capacity, ")");
+  }
+
+  /// Copies every layer's arenas between the host cache's params() and ours.
+  template <class HostCache>
+  void transfer(const HostCache& host, cudaMemcpyKind kind) const {
+    const std::size_t per_layer = std::size_t(cfg_.batch) * cfg_.kv_heads, d = std::size_t(cfg_.head_dim);
+    const std::size_t kb = per_layer * cap_blocks_ * key_format::block_bytes(cfg_.head_dim);
+    const std::size_t vb = per_layer * cap_blocks_ * value_format::block_bytes(cfg_.head_dim);
+    const std::size_t sink = per_layer * layout::kSink * d * sizeof(window_t);
+    const std::size_t ring = per_layer * layout::kRingTokens * d * sizeof(window_t);
+    for (int l = 0; l < cfg_.layers; ++l) {
+      const params_type h = host.params(l), g = params(l);
+      auto copy = [&](void* hp, void* gp, std::size_t bytes, const char* what) {
+        if (bytes == 0) return;
+        check(kind == cudaMemcpyHostToDevice ? cudaMemcpy(gp, hp, bytes, kind) : cudaMemcpy(hp, gp, bytes, kind), what);
+      };
+      copy(h.k_blocks, g.k_blocks, kb, "cudaMemcpy (key blocks)");
+      copy(h.v_blocks, g.v_blocks, vb, "cudaMemcpy (value blocks)");
+      copy(h.k_sink, g.k_sink, sink, "cudaMemcpy (key sink)");
+      copy(h.v_sink, g.v_sink, sink, "cudaMemcpy (value sink)");
+      copy(h.k_ring, g.k_ring, ring, "cudaMemcpy (key ring)");
+      copy(h.v_ring, g.v_ring, ring, "cudaMemcpy (value ring)");
+    }
+  }
+
+  static void pack(KVView x, float* out) {
+    for (int t = 0; t < x.dim0; ++t)
+      for (int h = 0; h < x.dim1; ++h) {
+        const float* r = x.row(t, h);
+        for (int c = 0; c < x.dim2; ++c) *out++ = r[c];
+      }
+  }
+
+  /// Throws for the first element of device view x the host cache would reject.
+  void scan(KVView x, const char* what, cudaStream_t stream) const {
+    const unsigned long long n = x.size();
+    DeviceBuffer<unsigned long long> first(1);
+    check(cudaMemcpyAsync(first.data(), &n, sizeof n, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (scan)");
+    const int blocks = static_cast<int>(std::min<unsigned long long>((n + 255) / 256, 4096));
+    detail::scan_inputs_kernel<float><<<blocks, 256, 0, stream>>>(x.data, n, rules::input_limit(), first.data());
+    check_launch("scan_inputs_kernel");
+    unsigned long long bad = n;
+    check(cudaMemcpyAsync(&bad, first.data(), sizeof bad, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync (scan)");
+    check(cudaStreamSynchronize(stream), "scan_inputs_kernel");
+    if (bad >= n) return;
+    float value = 0.0f;
+    check(cudaMemcpy(&value, x.data + bad, sizeof value, cudaMemcpyDeviceToHost), "cudaMemcpy (scan)");
+    const auto per_token = std::size_t(x.dim1) * x.dim2;
+    rules::check_value(value, what, int(bad / per_token), int(bad % per_token / x.dim2), int(bad % x.dim2));
+  }
+
+  /// Queues the compression of the blocks this append completes and the window writes; k, v: device
+  /// [tokens][kv_heads][head_dim] fp32.
+  void enqueue_append(int layer, int seq, int tokens, const float* k, const float* v, cudaStream_t stream) {
+    const int n = length(layer, seq), n_after = n + tokens, B = kBlockTokens, d = cfg_.head_dim;
+    const int nb0 = selector::quantized_blocks(n, B), nb1 = selector::quantized_blocks(n_after, B);
+    const params_type p = params(layer);
+    if (nb1 > nb0) {  // compress first: it reads ring rows the window writes below may overwrite
+      launch_compress<key_format>(p, layer, seq, nb0, nb1 - nb0, n, k, stream);
+      launch_compress<value_format>(p, layer, seq, nb0, nb1 - nb0, n, v, stream);
+    }
+    const int live_from = layout::kSink + nb1 * B;
+    detail::write_window_kernel<layout><<<dim3(unsigned(tokens), unsigned(cfg_.kv_heads)), d < 256 ? d : 256, 0, stream>>>(
+        p, seq, n, live_from, k, v);
+    check_launch("write_window_kernel");
+    set_length(layer, seq, n_after, stream);
+  }
+
+  template <class F>
+  void launch_compress(const params_type& p, int layer, int seq, int blk0, int blocks, int n_before, const float* in,
+                       cudaStream_t stream) {
+    const dim3 grid(unsigned(blocks), unsigned(cfg_.kv_heads));
+    if constexpr (!F::kCorrected) {
+      auto kernel = detail::compress_blocks_kernel<layout, F>;
+      const std::size_t smem = detail::compress_smem_bytes<F>(cfg_.head_dim);
+      set_smem(kernel, smem);
+      kernel<<<grid, detail::kAppendThreads, smem, stream>>>(p, seq, blk0, n_before, in);
+      check_launch("compress_blocks_kernel");
+    } else {
+      using C = typename F::correction;
+      const int B = kBlockTokens, d = cfg_.head_dim, H = cfg_.kv_heads;
+      const std::size_t items = std::size_t(blocks) * H;
+      StreamScratch<float> res(C::kLowRank ? items * B * d : 0, stream);
+      auto kernel = detail::compress_gear_kernel<layout, F>;
+      const std::size_t smem = detail::gear_smem_bytes<F>(d);
+      set_smem(kernel, smem);
+      kernel<<<grid, detail::kAppendThreads, smem, stream>>>(p, seq, blk0, n_before, in, res.data());
+      check_launch("compress_gear_kernel");
+      if constexpr (C::kLowRank) {
+        // GEAR's rank-r fit of each block's residual: the host's power_iteration over cuBLAS/cuSOLVER,
+        // from the same seed. One small fit per (block, head): ~4 library calls per iteration.
+        const int r = C::rank(B, d);
+        StreamScratch<float> a(items * B * r, stream), bm(items * d * r, stream);
+        CudaLinalg& la = linalg(stream);
+        for (int i = 0; i < blocks; ++i)
+          for (int h = 0; h < H; ++h) {
+            const std::size_t it = std::size_t(i) * H + h;
+            power_iteration(la, res.data() + it * B * d, B, d, B, r, residual::kIters, residual::kEveryQR,
+                            a.data() + it * B * r, bm.data() + it * d * r, false,
+                            low_rank_seed(layer, seq, h, blk0 + i, F::kSide == Side::kKey));
+          }
+        detail::write_factors_kernel<layout, F><<<grid, 128, 0, stream>>>(p, seq, blk0, a.data(), bm.data());
+        check_launch("write_factors_kernel");
+      }
+    }
+  }
+
+  template <class Kernel>
+  static void set_smem(Kernel kernel, std::size_t bytes) {
+    if (bytes > 48 * 1024)
+      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+            "cudaFuncSetAttribute (append kernel shared memory)");
+  }
+
+  CudaLinalg& linalg(cudaStream_t stream) {
+    if (!linalg_) linalg_ = std::make_unique<CudaLinalg>(stream);
+    linalg_->set_stream(stream);
+    return *linalg_;
+  }
+
+  void set_length(int layer, int seq, int n, cudaStream_t stream) {
+    int& h = host_lengths_[std::size_t(layer) * cfg_.batch + seq];
+    h = n;
+    // Pageable source: staged before cudaMemcpyAsync returns, so later changes of `h` do not race.
+    check(cudaMemcpyAsync(lengths_.data() + std::size_t(layer) * cfg_.batch + seq, &h, sizeof(int),
+                          cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync (lengths)");
+  }
+
+  CacheConfig cfg_;
+  int cap_blocks_ = 0;
+  DeviceBuffer<std::byte> k_blocks_, v_blocks_;
+  DeviceBuffer<window_t> k_sink_, v_sink_, k_ring_, v_ring_;
+  DeviceBuffer<int> lengths_;
+  std::vector<int> host_lengths_;
+  std::unique_ptr<CudaLinalg> linalg_;  // GEAR's low-rank fit, created on first use
+};
+
+/// The device twin of a host cache type: device_cache_t<kvc::schemes::Kivi2> = DeviceKVCache<same policies>.
+template <class HostCache>
+struct device_cache;
+template <class... P>
+struct device_cache<CompressedKVCache<P...>> {
+  using type = DeviceKVCache<P...>;
+};
+template <class HostCache>
+using device_cache_t = typename device_cache<HostCache>::type;
+}  // namespace kvc::cuda
