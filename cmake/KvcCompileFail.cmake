@@ -1,4 +1,4 @@
-# cmake -DKVC_COMPILER=<c++> -DKVC_SOURCE=<case.cpp> [-DKVC_INCLUDES=a|b] [-DKVC_FLAGS=x|y]
+# cmake -DKVC_COMPILER=<c++ or nvcc> -DKVC_SOURCE=<case.cpp or case.cu> [-DKVC_INCLUDES=a|b] [-DKVC_FLAGS=x|y]
 #       -P KvcCompileFail.cmake
 #
 # Passes only if compiling KVC_SOURCE fails AND the compiler output matches the CMake regex given
@@ -19,7 +19,11 @@ if(NOT _first MATCHES "^// expect: *(.+)$")
 endif()
 string(STRIP "${CMAKE_MATCH_1}" _expect)
 
-set(_args -std=c++20 -fsyntax-only -fdiagnostics-color=never)
+if(KVC_SOURCE MATCHES "\\.cu$")  # nvcc: no -fsyntax-only; compile for one architecture into nothing
+  set(_args -std=c++20 -arch=sm_80 -c -o /dev/null)
+else()
+  set(_args -std=c++20 -fsyntax-only -fdiagnostics-color=never)
+endif()
 string(REPLACE "|" ";" _flags "${KVC_FLAGS}")
 foreach(_f IN LISTS _flags)
   if(NOT _f STREQUAL "")

@@ -1,0 +1,121 @@
+// The fused CUDA decode attention against the double-precision oracle on the reconstructed cache (the
+// same packed bytes: a host cache uploaded bit for bit), across schemes, head dims 64/80/96/128/256,
+// GQA 1/4/8, ragged batches (sequences that end inside the sink, the window or a block boundary),
+// split counts, and fp32/fp16/bf16 queries.
+#include <kvc/attention/reference.hpp>
+
+#include "cuda_test_util.cuh"
+
+#include <cmath>
+
+namespace {
+using namespace kvc_cuda_test;
+
+/// One case: scheme C at head dim D with query type QT.
+template <class C, int D, class QT = float>
+struct Case {
+  using cache = C;
+  using query = QT;
+  static constexpr int kD = D;
+};
+
+template <class QT>
+double output_tolerance() {
+  if constexpr (std::is_same_v<QT, kvc::half_t>) return 2e-3;     // fp16 output rounding (2^-11) and slack
+  else if constexpr (std::is_same_v<QT, kvc::bfloat16_t>) return 1.6e-2;  // bf16: 2^-8
+  else return 3e-5;  // fp32 sums over <= ~1000 tokens
+}
+
+/// Runs the GPU kernel for every GQA ratio and split setting and checks it against the oracle.
+template <class K>
+void check_case() {
+  using C = typename K::cache;
+  using QT = typename K::query;
+  constexpr int D = K::kD, B = C::kBlockTokens, S = C::selector::kSink, R = C::selector::kRecent;
+  const std::vector<int> lengths{S + 9 * B + R + 11, 1, S + 3 * B + R, S + 2, S + B + R - 1};
+  const auto f = kvc_test::make_filled<C>(1, 2, D, lengths, 31 + D);
+  kvc::cuda::device_cache_t<C> dev(f.cfg);
+  dev.upload(*f.cache);
+  for (int g : {1, 4, 8}) {
+    const int H = 2 * g;
+    for (int nseq : {int(lengths.size()), 3})
+      for (int forced : {0, 1}) {  // default plan; many one-block splits
+        kvc::cuda::DecodeOptions opt;
+        if (forced) {
+          opt.min_blocks_per_split = 1;
+          opt.target_ctas = 100000;
+        }
+        std::vector<float> qf = kvc_test::random_query(nseq, H, D, 7 * g + nseq, 1.5f);
+        std::vector<QT> q(qf.size());
+        for (std::size_t i = 0; i < q.size(); ++i) {
+          q[i] = kvc::StorageTraits<QT>::store(qf[i]);
+          qf[i] = kvc::StorageTraits<QT>::load(q[i]);  // the oracle sees the query the kernel sees
+        }
+        DeviceArray<QT> dq(q), dout(q.size());
+        kvc::cuda::decode_attention<D>(dev, 0, nseq, H, dq.data(), dout.data(), opt);
+        kvc::cuda::check(cudaDeviceSynchronize(), "decode_attention");
+        const std::vector<QT> out = dout.get();
+        for (int s = 0; s < nseq; ++s) {
+          const auto x = kvc_test::dequantize(*f.cache, 0, s);
+          std::vector<float> want(std::size_t(H) * D);
+          kvc::reference::decode_attention(qf.data() + std::size_t(s) * H * D, H, x.k.data(), x.v.data(), lengths[s], 2,
+                                           D, want.data());
+          const double tol = output_tolerance<QT>() * (1.0 + kvc_test::max_abs(x.v));
+          for (int i = 0; i < H * D; ++i) {
+            const float got = kvc::StorageTraits<QT>::load(out[std::size_t(s) * H * D + i]);
+            ASSERT_NEAR(got, want[i], tol) << name<C> << " d " << D << " gqa " << g << " seq " << s << " (" << lengths[s]
+                                           << " tokens) head " << i / D << " channel " << i % D << " forced splits "
+                                           << forced;
+          }
+        }
+      }
+  }
+}
+
+template <class K>
+class CudaAttention : public ::testing::Test {};
+struct CaseNames {
+  template <class K>
+  static std::string GetName(int) {
+    using QT = typename K::query;
+    const char* q = std::is_same_v<QT, float> ? "" : std::is_same_v<QT, kvc::half_t> ? "_qfp16" : "_qbf16";
+    return std::string(name<typename K::cache>) + "_d" + std::to_string(K::kD) + q;
+  }
+};
+using Cases = ::testing::Types<
+    // every head dim on the baseline and on KIVI (3-bit with a sink and 16-channel groups: 80 and 96)
+    Case<sch::Fp16, 64>, Case<sch::Fp16, 80>, Case<sch::Fp16, 96>, Case<sch::Fp16, 128>, Case<sch::Fp16, 256>,
+    Case<sch::Kivi3Sink, 64>, Case<sch::Kivi3Sink, 80>, Case<sch::Kivi3Sink, 96>, Case<sch::Kivi3Sink, 128>,
+    Case<sch::Kivi3Sink, 256>,
+    // every scheme at 128
+    Case<sch::Bf16, 128>, Case<sch::Fp32, 128>, Case<sch::Int8, 128>, Case<sch::Kivi4, 128>, Case<sch::Kivi2, 128>,
+    Case<sch::GearKivi2, 128>, Case<sch::Gear4, 128>, Case<sch::OutlierQuant4, 64>,
+    // 16-bit queries
+    Case<sch::Fp16, 128, kvc::half_t>, Case<sch::Kivi2, 128, kvc::half_t>, Case<sch::Bf16, 128, kvc::bfloat16_t>,
+    Case<sch::Kivi4, 128, kvc::bfloat16_t>>;
+TYPED_TEST_SUITE(CudaAttention, Cases, CaseNames);
+
+TYPED_TEST(CudaAttention, MatchesTheOracleOnTheReconstructedCache) {
+  KVC_REQUIRE_GPU();
+  check_case<TypeParam>();
+}
+
+TEST(CudaAttentionErrors, BadArgumentsThrowBeforeAnyLaunch) {
+  KVC_REQUIRE_GPU();
+  using C = sch::Kivi2;
+  const auto f = kvc_test::make_filled<C>(1, 2, 128, {300, 0 + 1}, 3);
+  kvc::cuda::device_cache_t<C> dev(f.cfg);
+  dev.upload(*f.cache);
+  DeviceArray<float> q(std::size_t(2) * 8 * 128), out(q.buf.size());
+  EXPECT_THROW(kvc::cuda::decode_attention<128>(dev, 0, 3, 8, q.data(), out.data()), kvc::Error);  // nseq > batch
+  EXPECT_THROW(kvc::cuda::decode_attention<128>(dev, 0, 2, 7, q.data(), out.data()), kvc::Error);  // heads
+  EXPECT_THROW(kvc::cuda::decode_attention<64>(dev, 0, 2, 8, q.data(), out.data()), kvc::Error);   // head dim
+  kvc::cuda::DecodeOptions bad;
+  bad.scale = -1.0f;
+  EXPECT_THROW(kvc::cuda::decode_attention<128>(dev, 0, 2, 8, q.data(), out.data(), bad), kvc::Error);
+  kvc::cuda::device_cache_t<C> empty(f.cfg);
+  EXPECT_THROW(kvc::cuda::decode_attention<128>(empty, 0, 1, 8, q.data(), out.data()), kvc::Error);  // no tokens
+  EXPECT_THROW(kvc::cuda::decode_attention_any<64>(dev, 0, 2, 8, q.data(), out.data()), kvc::Error);  // not compiled
+  EXPECT_NO_THROW((kvc::cuda::decode_attention_any<64, 128>(dev, 0, 2, 8, q.data(), out.data())));
+}
+}  // namespace
