@@ -76,9 +76,15 @@ TEST(SplitMerge, PlansCoverEveryBlockOnceWithinTheLimits) {
           ASSERT_GE(pl.splits, 1);
           ASSERT_GE(pl.blocks_per_split, 1);
           ASSERT_GE(std::int64_t(pl.splits) * pl.blocks_per_split, max_blocks);
-          if (max_blocks > 0) ASSERT_LT(std::int64_t(pl.splits - 1) * pl.blocks_per_split, max_blocks) << "empty split";
-          if (pl.splits > 1) ASSERT_GE(pl.blocks_per_split, minb);
-          if (items >= target) ASSERT_EQ(pl.splits, 1);
+          if (max_blocks > 0) {
+            ASSERT_LT(std::int64_t(pl.splits - 1) * pl.blocks_per_split, max_blocks) << "empty split";
+          }
+          if (pl.splits > 1) {
+            ASSERT_GE(pl.blocks_per_split, minb);
+          }
+          if (items >= target) {
+            ASSERT_EQ(pl.splits, 1);
+          }
           for (int nb : {0, max_blocks / 3, max_blocks}) {
             std::vector<int> seen(std::size_t(nb), 0);
             for (int s = 0; s < pl.splits; ++s) {

@@ -120,6 +120,12 @@ TYPED_TEST(DeviceCache, UploadDownloadRoundTripIsLossless) {
     const std::size_t kb = std::size_t(f.cfg.batch) * f.cfg.kv_heads * a.capacity_blocks * C::key_format::block_bytes(64);
     EXPECT_EQ(std::memcmp(a.k_blocks, b.k_blocks, kb), 0);
   }
+  dev.clear(1);  // forgets sequence 1 in every layer, keeps the others
+  dev.download(back);
+  for (int l = 0; l < 2; ++l) {
+    EXPECT_EQ(back.length(l, 1), 0);
+    EXPECT_EQ(back.length(l, 0), f.cache->length(l, 0));
+  }
 }
 
 TEST(DeviceCacheErrors, BadInputThrowsTheHostErrorAndChangesNothing) {

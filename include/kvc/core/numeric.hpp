@@ -89,12 +89,25 @@ KVC_HOST_DEVICE float bf16_bits_to_float(std::uint16_t b) noexcept {
 }  // namespace detail
 
 /// a * b + c with the product rounded to float before the add (never contracted into an FMA), so a
-/// reconstruction computed on the device is bit-identical to the host's (ISO C++ builds do not contract).
+/// reconstruction computed on the device is bit-identical to the host's.
 KVC_HOST_DEVICE float mul_add_rounded(float a, float b, float c) noexcept {
 #if defined(__CUDA_ARCH__)
   return __fadd_rn(__fmul_rn(a, b), c);
 #else
-  return a * b + c;
+  float p = a * b;
+#  if defined(__GNUC__) && defined(__x86_64__)
+  asm("" : "+x"(p));  // materialise the rounded product: no FMA even under -ffp-contract=fast (gnu++ modes)
+#  endif
+  return p + c;
+#endif
+}
+/// a / b correctly rounded on the host and on the device, whatever nvcc's -prec-div / --use_fast_math:
+/// quantizer metadata computed on the GPU equals the host's.
+KVC_HOST_DEVICE float div_rounded(float a, float b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
 #endif
 }
 

@@ -40,7 +40,7 @@ struct EndpointCodec {
   KVC_HOST_DEVICE static QuantMeta make_meta(float lo, float hi, int bits) noexcept {
     const half_t lo16 = half_round_down(lo);
     const float range = hi - lo16.to_float();
-    return {lo16, range > 0.0f ? half_round_up_nonneg(range / static_cast<float>((1 << bits) - 1)) : half_t{0}};
+    return {lo16, range > 0.0f ? half_round_up_nonneg(div_rounded(range, static_cast<float>((1 << bits) - 1))) : half_t{0}};
   }
   KVC_HOST_DEVICE static std::uint8_t encode(float x, QuantMeta m, float inv_step, int bits) noexcept {
     const float q = std::rint((x - m.lo.to_float()) * inv_step);
@@ -62,7 +62,7 @@ struct MidpointCodec {
   KVC_HOST_DEVICE static QuantMeta make_meta(float lo, float hi, int bits) noexcept {
     const half_t lo16 = half_round_down(lo);
     const float range = hi - lo16.to_float();
-    return {lo16, range > 0.0f ? half_round_up_nonneg(range / static_cast<float>(1 << bits)) : half_t{0}};
+    return {lo16, range > 0.0f ? half_round_up_nonneg(div_rounded(range, static_cast<float>(1 << bits))) : half_t{0}};
   }
   KVC_HOST_DEVICE static std::uint8_t encode(float x, QuantMeta m, float inv_step, int bits) noexcept {
     const float q = std::floor((x - m.lo.to_float()) * inv_step);
@@ -103,7 +103,7 @@ KVC_HOST_DEVICE QuantMeta quantize_group_masked(int rows, int cols, int bits, At
     }
   const QuantMeta m = C::make_meta(lo, hi, bits);
   const float step = m.step.to_float();
-  const float inv = step > 0.0f ? 1.0f / step : 0.0f;
+  const float inv = step > 0.0f ? div_rounded(1.0f, step) : 0.0f;
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < cols; ++c) put(r, c, C::encode(at(r, c), m, inv, bits));
   return m;

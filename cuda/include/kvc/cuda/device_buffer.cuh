@@ -15,13 +15,15 @@ template <class T>
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  /// n elements of T, zeroed (cudaMalloc aligns to >= 256 bytes). Throws kvc::Error (kCuda) on failure.
+  /// n elements of T, zeroed before the constructor returns (so work on any stream, blocking or not,
+  /// sees zeros), aligned to >= 256 bytes. Throws kvc::Error (kCuda) on failure.
   explicit DeviceBuffer(std::size_t n) : size_(n) {
     if (n == 0) return;
     void* p = nullptr;
     check(cudaMalloc(&p, n * sizeof(T)), "cudaMalloc");
     data_ = static_cast<T*>(p);
-    const cudaError_t e = cudaMemset(p, 0, n * sizeof(T));
+    cudaError_t e = cudaMemset(p, 0, n * sizeof(T));
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();  // non-blocking streams do not wait for the legacy stream
     if (e != cudaSuccess) {
       release();
       check(e, "cudaMemset");

@@ -78,6 +78,11 @@ class DeviceKVCache {
     v_ring_ = DeviceBuffer<window_t>(streams * layout::kRingTokens * d);
     lengths_ = DeviceBuffer<int>(std::size_t(cfg.layers) * cfg.batch);
     host_lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
+    first_bad_ = DeviceBuffer<unsigned long long>(1);
+    if constexpr (kDeviceAppend) {
+      check_compress_smem<key_format>("key");
+      check_compress_smem<value_format>("value");
+    }
   }
 
   [[nodiscard]] const CacheConfig& config() const noexcept { return cfg_; }
@@ -112,9 +117,10 @@ class DeviceKVCache {
     // `host` is pageable: cudaMemcpyAsync has staged it before returning, so it may go out of scope.
   }
 
-  /// Appends from DEVICE memory (k, v: contiguous [tokens][kv_heads][head_dim] fp32, stride fields
-  /// ignored but dims checked). The values are scanned on the device first (one synchronisation); the
-  /// first bad one throws the host cache's error and nothing is written.
+  /// Appends from DEVICE memory (k, v: contiguous [tokens][kv_heads][head_dim] fp32). The values are
+  /// scanned on `stream` first (one synchronisation); the first bad one throws the host cache's error and
+  /// nothing is written. The compression then reads k and v asynchronously: keep them alive (and
+  /// unchanged) until the work queued on `stream` has finished.
   void append_device(int layer, int seq, KVView k, KVView v, cudaStream_t stream = nullptr) {
     const int tokens = check_append(layer, seq, k, v);
     if (tokens == 0) return;
@@ -127,10 +133,10 @@ class DeviceKVCache {
     enqueue_append(layer, seq, tokens, k.data, v.data, stream);
   }
 
-  /// Forgets sequence `seq` in every layer.
-  void clear(int seq) {
+  /// Forgets sequence `seq` in every layer (ordered on `stream` like an append).
+  void clear(int seq, cudaStream_t stream = nullptr) {
     rules::check_index(cfg_, 0, seq);
-    for (int l = 0; l < cfg_.layers; ++l) set_length(l, seq, 0, nullptr);
+    for (int l = 0; l < cfg_.layers; ++l) set_length(l, seq, 0, stream);
   }
 
   /// The view of one layer the CUDA kernels read (device pointers; lengths in device memory).
@@ -168,18 +174,23 @@ class DeviceKVCache {
            v_ring_.bytes() + lengths_.bytes();
   }
 
-  /// Copies a host cache of the same policies and config into this one, bit for bit (synchronous).
+  /// Copies a host cache of the same policies and config into this one, bit for bit (synchronous:
+  /// waits for the work queued on every stream first, e.g. a decode still reading the arenas).
   template <class HostCache>
   void upload(const HostCache& host) {
     check_twin<HostCache>(host.config());
+    check(cudaDeviceSynchronize(), "upload");
     transfer(host, cudaMemcpyHostToDevice);
     for (int l = 0; l < cfg_.layers; ++l)
       for (int s = 0; s < cfg_.batch; ++s) set_length(l, s, host.length(l, s), nullptr);
     check(cudaDeviceSynchronize(), "upload");
   }
-  /// Copies this cache into a host cache of the same policies and config, bit for bit (synchronous).
+  /// Copies this cache into a host cache of the same policies and config (synchronous): the live data
+  /// bit for bit (ring slots of tokens already compressed are not, and are never read).
   template <class HostCache>
   void download(HostCache& host) const {
+    static_assert(kDeviceAppend, "kvc::cuda::DeviceKVCache::download: a LowRankInit::kWarm host cache continues from "
+                                 "each stream's basis, which only the host cache that compressed it holds");
     check_twin<HostCache>(host.config());
     check(cudaDeviceSynchronize(), "download");  // appends queued on any stream have finished
     transfer(host, cudaMemcpyDeviceToHost);
@@ -239,19 +250,34 @@ class DeviceKVCache {
   /// Throws for the first element of device view x the host cache would reject.
   void scan(KVView x, const char* what, cudaStream_t stream) const {
     const unsigned long long n = x.size();
-    DeviceBuffer<unsigned long long> first(1);
-    check(cudaMemcpyAsync(first.data(), &n, sizeof n, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (scan)");
+    unsigned long long* first = const_cast<unsigned long long*>(first_bad_.data());
+    check(cudaMemcpyAsync(first, &n, sizeof n, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (scan)");
     const int blocks = static_cast<int>(std::min<unsigned long long>((n + 255) / 256, 4096));
-    detail::scan_inputs_kernel<float><<<blocks, 256, 0, stream>>>(x.data, n, rules::input_limit(), first.data());
+    detail::scan_inputs_kernel<float><<<blocks, 256, 0, stream>>>(x.data, n, rules::input_limit(), first);
     check_launch("scan_inputs_kernel");
     unsigned long long bad = n;
-    check(cudaMemcpyAsync(&bad, first.data(), sizeof bad, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync (scan)");
+    check(cudaMemcpyAsync(&bad, first, sizeof bad, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync (scan)");
     check(cudaStreamSynchronize(stream), "scan_inputs_kernel");
     if (bad >= n) return;
     float value = 0.0f;
     check(cudaMemcpy(&value, x.data + bad, sizeof value, cudaMemcpyDeviceToHost), "cudaMemcpy (scan)");
     const auto per_token = std::size_t(x.dim1) * x.dim2;
     rules::check_value(value, what, int(bad / per_token), int(bad % per_token / x.dim2), int(bad % x.dim2));
+    kvc::detail::fail(Errc::kCuda, "scan_inputs_kernel flagged ", what, " element ", bad, " (", value,
+                      ") that the host check accepts");
+  }
+
+  /// Rejects, at construction, a block the compression kernel cannot hold in shared memory.
+  template <class F>
+  void check_compress_smem(const char* side) const {
+    const std::size_t need = F::kCorrected ? detail::gear_smem_bytes<F>(cfg_.head_dim)
+                                           : detail::compress_smem_bytes<F>(cfg_.head_dim);
+    int dev = 0, optin = 0;
+    check(cudaGetDevice(&dev), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
+    KVC_CHECK(need <= std::size_t(optin), Errc::kInvalidArgument, side, " blocks of ", kBlockTokens, " tokens x head_dim ",
+              cfg_.head_dim, " need ", need, " bytes of shared memory to compress on the device; this GPU allows ",
+              optin);
   }
 
   /// Queues the compression of the blocks this append completes and the window writes; k, v: device
@@ -338,6 +364,7 @@ class DeviceKVCache {
   DeviceBuffer<window_t> k_sink_, v_sink_, k_ring_, v_ring_;
   DeviceBuffer<int> lengths_;
   std::vector<int> host_lengths_;
+  DeviceBuffer<unsigned long long> first_bad_;  // the input scan's result
   std::unique_ptr<CudaLinalg> linalg_;  // GEAR's low-rank fit, created on first use
 };
 

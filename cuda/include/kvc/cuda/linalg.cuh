@@ -78,9 +78,13 @@ class CudaLinalg {
   ~CudaLinalg() { destroy(); }
 
   cudaStream_t stream() const noexcept { return stream_; }
-  /// Queues later calls on `stream`.
+  /// Queues later calls on `stream`, after everything already queued on the previous one (the
+  /// handles' and the QR's scratch is shared by all calls).
   void set_stream(cudaStream_t stream) {
     if (stream == stream_) return;
+    if (!switched_) check(cudaEventCreateWithFlags(&switched_, cudaEventDisableTiming), "cudaEventCreate");
+    check(cudaEventRecord(switched_, stream_), "cudaEventRecord");
+    check(cudaStreamWaitEvent(stream, switched_, 0), "cudaStreamWaitEvent");
     check(cublasSetStream(blas_, stream), "cublasSetStream");
     check(cusolverDnSetStream(solver_, stream), "cusolverDnSetStream");
     stream_ = stream;
@@ -128,6 +132,8 @@ class CudaLinalg {
     }
   }
   void destroy() noexcept {
+    if (switched_) cudaEventDestroy(switched_);
+    switched_ = nullptr;
     if (solver_) cusolverDnDestroy(solver_);
     if (blas_) cublasDestroy(blas_);
     solver_ = nullptr;
@@ -136,6 +142,7 @@ class CudaLinalg {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   cusolverDnHandle_t solver_ = nullptr;
+  cudaEvent_t switched_ = nullptr;  // orders a new stream after the previous one
   DeviceBuffer<float> tau_, work_;
   DeviceBuffer<int> info_;
 };

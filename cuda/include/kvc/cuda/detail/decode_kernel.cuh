@@ -148,7 +148,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
     // scores: thread (token ti, slice sl)
     const int ti = threadIdx.x % S::kTok, sl = threadIdx.x / S::kTok;
     constexpr int kPer = D / S::kSlices;
-    for (int t = ti; t < B; t += S::kTok) {
+    // (when kTok does not divide NT, e.g. 96-token blocks, the last threads have no slice)
+    for (int t = ti; t < B && sl < S::kSlices; t += S::kTok) {
       float a[Heads];
 #pragma unroll
       for (int h = 0; h < Heads; ++h) a[h] = 0.0f;
