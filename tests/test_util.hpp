@@ -21,70 +21,6 @@
 #include <cstdio>
 #include <vector>
 
-namespace kvc_test {
-
-// ------------------------------------------------------------------------------------------------
-// Schemes under test. Adding a scheme to a typed suite is one line in its type list (plus a name).
-// ------------------------------------------------------------------------------------------------
-namespace sch {
-using kvc::Axis;
-using Fp32 = kvc::schemes::Fp32;
-using Fp16 = kvc::schemes::Fp16;
-using Int8 = kvc::schemes::Int8;
-using Kivi4 = kvc::schemes::Kivi4;
-using Kivi2 = kvc::schemes::Kivi2;
-using Kivi3 = kvc::schemes::Kivi<3>;
-using Kivi1 = kvc::schemes::Kivi<1>;
-using Kivi8 = kvc::schemes::Kivi<8>;
-/// One (lo, step) per block of 32 tokens x head_dim (int-dot keys folded into the query).
-using Tensor4 = kvc::CompressedKVCache<kvc::UniformQuantizer<4, kvc::Scope::kTensor>>;
-/// Midpoint codec, per-token groups of 32 channels on both sides (int-dot keys with per-token
-/// scales: the query is rounded to int8 once per item), 32-token window.
-using MidTok4 = kvc::CompressedKVCache<kvc::GroupQuantizer<4, 32, Axis::kToken, kvc::MidpointCodec>,
-                                       kvc::FullPrecisionWindow<32>>;
-/// Midpoint KIVI (3-bit per-channel keys, 2-bit per-token values), policies in a different order.
-using MidKivi = kvc::CompressedKVCache<kvc::FullPrecisionWindow<64>,
-                                       kvc::values<kvc::GroupQuantizer<2, 32, Axis::kToken, kvc::MidpointCodec>>,
-                                       kvc::keys<kvc::GroupQuantizer<3, 32, Axis::kChannel, kvc::MidpointCodec>>>;
-/// 64-token blocks, 2-bit per-channel groups on BOTH sides (values per channel: int-dot path).
-using Chan64 = kvc::CompressedKVCache<kvc::BlockTokens<64>, kvc::GroupQuantizer<2, 64, Axis::kChannel>>;
-/// KIVI-2 with a 4-token StreamingLLM sink and a 16-token window.
-using Sink = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<2, 32, Axis::kChannel>>,
-                                    kvc::values<kvc::GroupQuantizer<2, 32, Axis::kToken>>,
-                                    kvc::FullPrecisionWindow<16, 4>>;
-/// 6-bit per-token keys and 5-bit per-channel values (float-FMA paths, odd plane splits), fp32 window.
-using Mixed56 = kvc::CompressedKVCache<kvc::keys<kvc::UniformQuantizer<6>>,
-                                       kvc::values<kvc::GroupQuantizer<5, 32, Axis::kChannel>>,
-                                       kvc::FullPrecisionWindow<8, 0, float>>;
-/// 16-channel value groups: value layouts that admit head dims 80 and 112 (32-channel groups do not).
-using Kivi4G16 = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<4, 32, Axis::kChannel>>,
-                                        kvc::values<kvc::GroupQuantizer<4, 16, Axis::kToken>>,
-                                        kvc::FullPrecisionWindow<32>>;
-using Kivi2G16 = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<2, 32, Axis::kChannel>>,
-                                        kvc::values<kvc::GroupQuantizer<2, 16, Axis::kToken>>,
-                                        kvc::FullPrecisionWindow<32, 4>>;
-}  // namespace sch
-
-template <class C>
-inline constexpr const char* scheme_name = "unnamed";
-template <> inline constexpr const char* scheme_name<sch::Fp32> = "Fp32";
-template <> inline constexpr const char* scheme_name<sch::Fp16> = "Fp16";
-template <> inline constexpr const char* scheme_name<sch::Int8> = "Int8";
-template <> inline constexpr const char* scheme_name<sch::Kivi4> = "Kivi4";
-template <> inline constexpr const char* scheme_name<sch::Kivi2> = "Kivi2";
-template <> inline constexpr const char* scheme_name<sch::Kivi3> = "Kivi3";
-template <> inline constexpr const char* scheme_name<sch::Kivi1> = "Kivi1";
-template <> inline constexpr const char* scheme_name<sch::Kivi8> = "Kivi8";
-template <> inline constexpr const char* scheme_name<sch::Tensor4> = "Tensor4";
-template <> inline constexpr const char* scheme_name<sch::MidTok4> = "MidTok4";
-template <> inline constexpr const char* scheme_name<sch::MidKivi> = "MidKivi";
-template <> inline constexpr const char* scheme_name<sch::Chan64> = "Chan64";
-template <> inline constexpr const char* scheme_name<sch::Sink> = "Sink";
-template <> inline constexpr const char* scheme_name<sch::Mixed56> = "Mixed56";
-template <> inline constexpr const char* scheme_name<sch::Kivi4G16> = "Kivi4G16";
-template <> inline constexpr const char* scheme_name<sch::Kivi2G16> = "Kivi2G16";
-
-}  // namespace kvc_test
 
 // Every scheme's attention kernels (3 SIMD paths x 2 precisions) are compiled once per test binary,
 // in tests/test_kernel_instances_*.cpp, not in every test source that calls them (compile time).
@@ -99,14 +35,6 @@ KVC_TEST_SCHEMES_A(KVC_TEST_EXTERN_ATTENTION)
 KVC_TEST_SCHEMES_B(KVC_TEST_EXTERN_ATTENTION)
 
 namespace kvc_test {
-
-/// gtest name generator for typed suites over cache schemes.
-struct SchemeNames {
-  template <class T>
-  static std::string GetName(int) {
-    return scheme_name<T>;
-  }
-};
 
 /// Every scheme the generic suites run over.
 using AllSchemes = ::testing::Types<sch::Fp32, sch::Fp16, sch::Int8, sch::Kivi4, sch::Kivi2, sch::Kivi3, sch::Kivi1,

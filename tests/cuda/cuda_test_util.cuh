@@ -37,41 +37,29 @@ struct DeviceArray {
   }
 };
 
+/// The schemes of the host suites (test_data.hpp) plus those only the CUDA suites use.
 namespace sch {
-using namespace kvc;
-using Fp16 = schemes::Fp16;
-using Bf16 = CompressedKVCache<NoQuantizer<bfloat16_t>>;
-using Fp32 = schemes::Fp32;
-using Int8 = schemes::Int8;
-using Kivi4 = schemes::Kivi4;
-using Kivi2 = schemes::Kivi2;
+using namespace kvc_test::sch;
+using Bf16 = kvc::CompressedKVCache<kvc::NoQuantizer<kvc::bfloat16_t>>;
 /// KIVI-3 with a 4-token sink, a 16-token window and 16-channel value groups (head dims 80 and 96).
-using Kivi3Sink = CompressedKVCache<keys<GroupQuantizer<3, 32, Axis::kChannel>>, values<GroupQuantizer<3, 16, Axis::kToken>>,
-                                    FullPrecisionWindow<16, 4>>;
-using GearKivi2 = schemes::GearKivi2;
-using Gear4 = schemes::Gear4;
-using OutlierQuant4 = schemes::OutlierQuant4;
+using Kivi3Sink = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<3, 32, kvc::Axis::kChannel>>,
+                                         kvc::values<kvc::GroupQuantizer<3, 16, kvc::Axis::kToken>>,
+                                         kvc::FullPrecisionWindow<16, 4>>;
+using GearKivi2 = kvc::schemes::GearKivi2;
+using Gear4 = kvc::schemes::Gear4;
+using OutlierQuant4 = kvc::schemes::OutlierQuant4;
 }  // namespace sch
+using kvc_test::scheme_name;
+using Names = kvc_test::SchemeNames;
+}  // namespace kvc_cuda_test
 
-template <class C>
-inline constexpr const char* name = "unnamed";
-template <> inline constexpr const char* name<sch::Fp16> = "Fp16";
-template <> inline constexpr const char* name<sch::Bf16> = "Bf16";
-template <> inline constexpr const char* name<sch::Fp32> = "Fp32";
-template <> inline constexpr const char* name<sch::Int8> = "Int8";
-template <> inline constexpr const char* name<sch::Kivi4> = "Kivi4";
-template <> inline constexpr const char* name<sch::Kivi2> = "Kivi2";
-template <> inline constexpr const char* name<sch::Kivi3Sink> = "Kivi3Sink";
-template <> inline constexpr const char* name<sch::GearKivi2> = "GearKivi2";
-template <> inline constexpr const char* name<sch::Gear4> = "Gear4";
-template <> inline constexpr const char* name<sch::OutlierQuant4> = "OutlierQuant4";
+template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::Bf16> = "Bf16";
+template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::Kivi3Sink> = "Kivi3Sink";
+template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::GearKivi2> = "GearKivi2";
+template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::Gear4> = "Gear4";
+template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::OutlierQuant4> = "OutlierQuant4";
 
-struct Names {
-  template <class T>
-  static std::string GetName(int) {
-    return name<T>;
-  }
-};
+namespace kvc_cuda_test {
 
 /// Whether a cache fits its low-rank factors by power iteration (device = host up to fp32 rounding).
 template <class C>

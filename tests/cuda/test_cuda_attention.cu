@@ -63,7 +63,7 @@ void check_case() {
           const double tol = output_tolerance<QT>() * (1.0 + kvc_test::max_abs(x.v));
           for (int i = 0; i < H * D; ++i) {
             const float got = kvc::StorageTraits<QT>::load(out[std::size_t(s) * H * D + i]);
-            ASSERT_NEAR(got, want[i], tol) << name<C> << " d " << D << " gqa " << g << " seq " << s << " (" << lengths[s]
+            ASSERT_NEAR(got, want[i], tol) << scheme_name<C> << " d " << D << " gqa " << g << " seq " << s << " (" << lengths[s]
                                            << " tokens) head " << i / D << " channel " << i % D << " forced splits "
                                            << forced;
           }
@@ -79,7 +79,7 @@ struct CaseNames {
   static std::string GetName(int) {
     using QT = typename K::query;
     const char* q = std::is_same_v<QT, float> ? "" : std::is_same_v<QT, kvc::half_t> ? "_qfp16" : "_qbf16";
-    return std::string(name<typename K::cache>) + "_d" + std::to_string(K::kD) + q;
+    return std::string(scheme_name<typename K::cache>) + "_d" + std::to_string(K::kD) + q;
   }
 };
 using Cases = ::testing::Types<
