@@ -47,8 +47,9 @@ TEST(SplitMerge, MergingPartialSoftmaxStatesEqualsOneSoftmax) {
     // every lane split of the cooperative form writes the same row
     for (int lanes : {1, 3, 32}) {
       std::fill(out.begin(), out.end(), -1.0f);
-      for (int lane = 0; lane < lanes; ++lane)
-        kvc::merge_splits(n, m.data(), l.data(), 1, acc.data(), d, d, out.data(), lane, lanes);
+      std::vector<float> w(n);
+      const float inv = kvc::merge_weights(n, m.data(), l.data(), 1, w.data());
+      for (int lane = 0; lane < lanes; ++lane) kvc::merge_apply(n, w.data(), inv, acc.data(), d, d, out.data(), lane, lanes);
       double mx = -HUGE_VAL, sum = 0.0;
       for (int t = 0; t < T; ++t) mx = std::max(mx, double(s[t]));
       for (int t = 0; t < T; ++t) sum += std::exp2(double(s[t]) - mx);

@@ -295,13 +295,16 @@ void decode_attention(const typename Layout::Params& p, QueryView q, OutputView 
   }
 
   // Merge the splits of each stream (attention/split_merge.hpp).
+  std::vector<float> weights(work.size());
   for (int s = 0; s < nseq; ++s)
     for (int kh = 0; kh < p.kv_heads; ++kh) {
       const int i0 = first_item[std::size_t(s) * p.kv_heads + kh], i1 = first_item[std::size_t(s) * p.kv_heads + kh + 1];
       const float* r = results.data() + std::size_t(i0) * item_floats;
       const auto stride = static_cast<std::ptrdiff_t>(item_floats);
-      for (int h = 0; h < g; ++h)
-        merge_splits(i1 - i0, r + h, r + g + h, stride, r + 2 * g + std::size_t(h) * d, stride, d, out.row(s, kh * g + h));
+      for (int h = 0; h < g; ++h) {
+        const float inv = merge_weights(i1 - i0, r + h, r + g + h, stride, weights.data());
+        merge_apply(i1 - i0, weights.data(), inv, r + 2 * g + std::size_t(h) * d, stride, d, out.row(s, kh * g + h));
+      }
     }
 }
 

@@ -35,20 +35,27 @@ KVC_HOST_DEVICE float split_weight(float m_i, float M) noexcept {
   return m_i > neg_inf() ? exp2_hd(m_i - M) : 0.0f;
 }
 
-/// Merges n partial states into one output row: out[c] = sum_i w_i acc_i[c] / sum_i w_i l_i for c in
-/// [0, d), m_i at m[i * sml], l_i at l[i * sml], acc_i at acc + i * sacc. At least one split must be
-/// non-empty. Cooperative form: (lane, lanes) writes channels lane, lane + lanes, ...
-template <class Out>
-KVC_HOST_DEVICE void merge_splits(int n, const float* m, const float* l, std::ptrdiff_t sml, const float* acc,
-                                  std::ptrdiff_t sacc, int d, Out* out, int lane = 0, int lanes = 1) noexcept {
+/// The merge of n partial states, in two steps so that each 2^(m_i - M) is computed once per row:
+/// merge_weights writes w[i] = 2^(m_i - M) (m_i at m[i * sml], l_i at l[i * sml]) and returns
+/// 1 / sum_i w_i l_i; merge_apply writes out[c] = (sum_i w_i acc_i[c]) * that, acc_i at acc + i * sacc,
+/// for c in [0, d). At least one split must be non-empty. merge_apply's cooperative form: (lane, lanes)
+/// writes channels lane, lane + lanes, ...
+KVC_HOST_DEVICE float merge_weights(int n, const float* m, const float* l, std::ptrdiff_t sml, float* w) noexcept {
   float M = neg_inf();
   for (int i = 0; i < n; ++i) M = m[i * sml] > M ? m[i * sml] : M;
   float L = 0.0f;
-  for (int i = 0; i < n; ++i) L += split_weight(m[i * sml], M) * l[i * sml];
-  const float inv = 1.0f / L;
+  for (int i = 0; i < n; ++i) {
+    w[i] = split_weight(m[i * sml], M);
+    L += w[i] * l[i * sml];
+  }
+  return 1.0f / L;
+}
+template <class Out>
+KVC_HOST_DEVICE void merge_apply(int n, const float* w, float inv, const float* acc, std::ptrdiff_t sacc, int d, Out* out,
+                                 int lane = 0, int lanes = 1) noexcept {
   for (int c = lane; c < d; c += lanes) {
     float o = 0.0f;
-    for (int i = 0; i < n; ++i) o += split_weight(m[i * sml], M) * acc[i * sacc + c];
+    for (int i = 0; i < n; ++i) o += w[i] * acc[i * sacc + c];
     out[c] = StorageTraits<Out>::store(o * inv);
   }
 }

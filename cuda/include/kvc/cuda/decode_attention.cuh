@@ -10,6 +10,7 @@
 #include <kvc/core/error.hpp>
 #include <kvc/cuda/detail/decode_kernel.cuh>
 #include <kvc/cuda/device_buffer.cuh>
+#include <kvc/cuda/device_info.cuh>
 #include <kvc/cuda/error.cuh>
 
 #include <cuda_runtime.h>
@@ -30,36 +31,29 @@ struct DecodeOptions {
 inline constexpr int kHeadDims[] = {64, 80, 96, 128, 256};
 
 namespace detail {
-inline int sm_count() {
-  int dev = 0, sms = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-  return sms;
-}
-
 template <class Layout, int D, int Heads, class QT>
 void launch_decode(const typename Layout::Params& p, int max_blocks, int nseq, int group, const QT* q, QT* out,
                    float scale_log2, const DecodeOptions& opt, cudaStream_t stream) {
   using S = DecodeSmem<Layout, D, Heads>;
   auto kernel = decode_split_kernel<Layout, D, Heads, QT>;
-  int dev = 0, optin = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
-  KVC_CHECK(S::bytes <= std::size_t(optin), Errc::kInvalidArgument, "decode kernel for block ", Layout::kBlockTokens,
-            " x head_dim ", D, " needs ", S::bytes, " bytes of shared memory; this GPU allows ", optin);
-  if (S::bytes > 48 * 1024)
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(S::bytes)),
-          "cudaFuncSetAttribute (decode_split_kernel shared memory)");
+  const DeviceLimits dev = device_limits();
+  KVC_CHECK(S::bytes <= std::size_t(dev.smem_optin), Errc::kInvalidArgument, "decode kernel for block ",
+            Layout::kBlockTokens, " x head_dim ", D, " needs ", S::bytes, " bytes of shared memory; this GPU allows ",
+            dev.smem_optin);
+  allow_dynamic_smem(kernel, S::bytes, "cudaFuncSetAttribute (decode_split_kernel shared memory)");
   const int chunks = (group + Heads - 1) / Heads;
   const int items = nseq * p.kv_heads * chunks;
   const SplitPlan plan =
-      plan_splits(max_blocks, items, opt.target_ctas > 0 ? opt.target_ctas : 4 * sm_count(), opt.min_blocks_per_split);
+      plan_splits(max_blocks, items, opt.target_ctas > 0 ? opt.target_ctas : 4 * dev.sms, opt.min_blocks_per_split);
+  KVC_CHECK(sizeof(float) * (plan.splits + 1) <= 48 * 1024, Errc::kInvalidArgument, "a plan of ", plan.splits,
+            " splits exceeds the merge kernel's shared memory: raise DecodeOptions::min_blocks_per_split");
   const std::size_t rows = std::size_t(nseq) * p.kv_heads * group;
   StreamScratch<float> ml(rows * plan.splits * 2, stream), acc(rows * plan.splits * D, stream);
   kernel<<<dim3(unsigned(plan.splits), unsigned(p.kv_heads * chunks), unsigned(nseq)), kDecodeThreads, S::bytes,
            stream>>>(p, q, group, scale_log2, plan, ml.data(), acc.data());
   check_launch("decode_split_kernel");
-  decode_merge_kernel<D, QT><<<dim3(unsigned(p.kv_heads * group), unsigned(nseq)), kDecodeThreads, 0, stream>>>(
+  decode_merge_kernel<D, QT><<<dim3(unsigned(p.kv_heads * group), unsigned(nseq)), kDecodeThreads,
+                               sizeof(float) * (plan.splits + 1), stream>>>(
       plan.splits, ml.data(), acc.data(), out);
   check_launch("decode_merge_kernel");
 }

@@ -20,6 +20,7 @@
 #include <kvc/core/view.hpp>
 #include <kvc/cuda/detail/append_kernels.cuh>
 #include <kvc/cuda/device_buffer.cuh>
+#include <kvc/cuda/device_info.cuh>
 #include <kvc/cuda/error.cuh>
 #include <kvc/cuda/linalg.cuh>
 #include <kvc/gear/power_iteration.hpp>
@@ -272,9 +273,7 @@ class DeviceKVCache {
   void check_compress_smem(const char* side) const {
     const std::size_t need = F::kCorrected ? detail::gear_smem_bytes<F>(cfg_.head_dim)
                                            : detail::compress_smem_bytes<F>(cfg_.head_dim);
-    int dev = 0, optin = 0;
-    check(cudaGetDevice(&dev), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
+    const int optin = device_limits().smem_optin;
     KVC_CHECK(need <= std::size_t(optin), Errc::kInvalidArgument, side, " blocks of ", kBlockTokens, " tokens x head_dim ",
               cfg_.head_dim, " need ", need, " bytes of shared memory to compress on the device; this GPU allows ",
               optin);
@@ -304,7 +303,7 @@ class DeviceKVCache {
     if constexpr (!F::kCorrected) {
       auto kernel = detail::compress_blocks_kernel<layout, F>;
       const std::size_t smem = detail::compress_smem_bytes<F>(cfg_.head_dim);
-      set_smem(kernel, smem);
+      allow_dynamic_smem(kernel, smem, "cudaFuncSetAttribute (append kernel shared memory)");
       kernel<<<grid, detail::kAppendThreads, smem, stream>>>(p, seq, blk0, n_before, in);
       check_launch("compress_blocks_kernel");
     } else {
@@ -314,7 +313,7 @@ class DeviceKVCache {
       StreamScratch<float> res(C::kLowRank ? items * B * d : 0, stream);
       auto kernel = detail::compress_gear_kernel<layout, F>;
       const std::size_t smem = detail::gear_smem_bytes<F>(d);
-      set_smem(kernel, smem);
+      allow_dynamic_smem(kernel, smem, "cudaFuncSetAttribute (append kernel shared memory)");
       kernel<<<grid, detail::kAppendThreads, smem, stream>>>(p, seq, blk0, n_before, in, res.data());
       check_launch("compress_gear_kernel");
       if constexpr (C::kLowRank) {
@@ -334,13 +333,6 @@ class DeviceKVCache {
         check_launch("write_factors_kernel");
       }
     }
-  }
-
-  template <class Kernel>
-  static void set_smem(Kernel kernel, std::size_t bytes) {
-    if (bytes > 48 * 1024)
-      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
-            "cudaFuncSetAttribute (append kernel shared memory)");
   }
 
   CudaLinalg& linalg(cudaStream_t stream) {

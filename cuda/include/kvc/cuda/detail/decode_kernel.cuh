@@ -250,12 +250,17 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
 }
 
-/// Merge kernel: grid (query head, sequence); row = sequence * query_heads + head.
+/// Merge kernel: grid (query head, sequence); row = sequence * query_heads + head. Dynamic shared memory:
+/// splits + 1 floats (the split weights, then 1 / L).
 template <int D, class QT>
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_merge_kernel(int splits, const float* __restrict__ ml, const float* __restrict__ acc, QT* __restrict__ out) {
+  extern __shared__ float merge_smem[];
   const std::size_t row = std::size_t(blockIdx.y) * gridDim.x + blockIdx.x;
-  merge_splits(splits, ml + row * splits * 2, ml + row * splits * 2 + 1, 2, acc + row * splits * D, D, D,
-               out + row * D, threadIdx.x, blockDim.x);
+  if (threadIdx.x == 0)
+    merge_smem[splits] = merge_weights(splits, ml + row * splits * 2, ml + row * splits * 2 + 1, 2, merge_smem);
+  __syncthreads();
+  merge_apply(splits, merge_smem, merge_smem[splits], acc + row * splits * D, D, D, out + row * D, threadIdx.x,
+              blockDim.x);
 }
 }  // namespace kvc::cuda::detail
