@@ -10,6 +10,17 @@
 /// Prefill = APPEND per token (SPEC L1 default). Evictions happen when token 3W + kW arrives (k >= 0),
 /// W tokens each; position 0 is never evicted. The rule depends on the token count only, so every layer
 /// and head of a sequence shares it. Host+device.
+///
+/// Integration plan (next step of issue 13):
+///  - blocks: quantized_blocks(n, B) = evicted_count(n) / B, blocks in eviction order (SPEC L2: evicted
+///    rows are staged in full precision until B = the key group size accumulate, then quantized once);
+///  - full-precision rows per stream: 3W "set" slots kept in list order (an eviction compacts the slots
+///    exactly like the list: slot i always holds FP[i], 2W row moves per W tokens) plus a staging area
+///    of B - 1 rows (evicted_count(n) % B of them live);
+///  - kernels: replace the sink/ring-specific ranges by a selector-agnostic full-precision token list,
+///    `Params::fp_count(seq)` and `fp_row_at(side, seq, head, i)` (FullPrecisionWindow: sink rows then
+///    the ring tail; LogWindow: set slots then staging), so the CPU and CUDA kernels serve both
+///    (attention is invariant under permuting tokens: SPEC §4.1).
 #pragma once
 
 #include <kvc/config.hpp>
