@@ -62,7 +62,26 @@ using Kivi4G16 = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<4, 32, Axi
 using Kivi2G16 = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<2, 32, Axis::kChannel>>,
                                         kvc::values<kvc::GroupQuantizer<2, 16, Axis::kToken>>,
                                         kvc::FullPrecisionWindow<32, 4>>;
+/// LogQuant (LogWindow selector): the paper's configurations, and small windows whose evictions cross
+/// block boundaries often: W < B (several eviction events per block) and W > B (one event fills
+/// one or two blocks), 3-bit for the float-free int-dot path on odd bits.
+using LogQuant2 = kvc::schemes::LogQuant2;
+using LogQuant4 = kvc::schemes::LogQuant4;
+using LogW3 = kvc::schemes::LogQuant<2, 3, 32>;
+using LogW40 = kvc::schemes::LogQuant<3, 40, 32>;
+/// GEAR's corrections on a LogQuant backbone (selectors and corrections compose).
+using LogGear = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<2, 32, Axis::kChannel>>,
+                                       kvc::values<kvc::GroupQuantizer<2, 32, Axis::kToken>>, kvc::LogWindow<5>,
+                                       kvc::OutlierFilter<100>, kvc::LowRankResidual<kvc::Rank<1>>>;
 }  // namespace sch
+
+/// Tokens a selector keeps in full precision before it quantizes anything beyond whole blocks: a window's
+/// sink + window, LogWindow's 3W (lengths built on it cross the selector's boundaries).
+template <class Sel>
+constexpr int fp_span() {
+  if constexpr (requires { Sel::kWindow; }) return 3 * Sel::kWindow;
+  else return Sel::kSink + Sel::kRecent;
+}
 
 template <class C>
 inline constexpr const char* scheme_name = "unnamed";
@@ -82,6 +101,11 @@ template <> inline constexpr const char* scheme_name<sch::Sink> = "Sink";
 template <> inline constexpr const char* scheme_name<sch::Mixed56> = "Mixed56";
 template <> inline constexpr const char* scheme_name<sch::Kivi4G16> = "Kivi4G16";
 template <> inline constexpr const char* scheme_name<sch::Kivi2G16> = "Kivi2G16";
+template <> inline constexpr const char* scheme_name<sch::LogQuant2> = "LogQuant2";
+template <> inline constexpr const char* scheme_name<sch::LogQuant4> = "LogQuant4";
+template <> inline constexpr const char* scheme_name<sch::LogW3> = "LogW3";
+template <> inline constexpr const char* scheme_name<sch::LogW40> = "LogW40";
+template <> inline constexpr const char* scheme_name<sch::LogGear> = "LogGear";
 
 /// gtest name generator for typed suites over cache schemes.
 struct SchemeNames {
@@ -283,7 +307,9 @@ template <class Cache>
 ElementInfo element_info(const Cache& cache, int layer, int seq) {
   const auto& cfg = cache.config();
   const int n = cache.length(layer, seq), H = cfg.kv_heads, d = cfg.head_dim;
-  const int S = Cache::selector::kSink, B = Cache::kBlockTokens, nb = cache.quantized_blocks(layer, seq);
+  const int B = Cache::kBlockTokens, nb = cache.quantized_blocks(layer, seq);
+  std::vector<int> where(static_cast<std::size_t>(n));  // position of every stored row
+  Cache::selector::positions(n, B, where.data());
   const auto p = cache.params(layer);
   ElementInfo e;
   const std::size_t sz = std::size_t(n) * H * d;
@@ -292,8 +318,8 @@ ElementInfo element_info(const Cache& cache, int layer, int seq) {
   e.v_step.assign(sz, 0.0f);
   e.k_lo.assign(sz, 0.0f);
   e.v_lo.assign(sz, 0.0f);
-  for (int pos = S; pos < S + nb * B; ++pos) {
-    const int blk = (pos - S) / B, t = (pos - S) % B;
+  for (int row = 0; row < nb * B; ++row) {
+    const int blk = row / B, t = row % B, pos = where[std::size_t(row)];
     for (int h = 0; h < H; ++h)
       for (int c = 0; c < d; ++c) {
         const std::size_t i = (std::size_t(pos) * H + h) * d + c;

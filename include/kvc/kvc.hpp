@@ -14,6 +14,7 @@
 #include <kvc/quant/no_quantizer.hpp>
 #include <kvc/quant/uniform_quantizer.hpp>
 #include <kvc/select/full_precision_window.hpp>
+#include <kvc/select/log_window.hpp>
 #include <kvc/gear/gear.hpp>
 #include <kvc/cache/cache_layout.hpp>
 #include <kvc/cache/compressed_kv_cache.hpp>

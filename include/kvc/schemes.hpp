@@ -10,6 +10,7 @@
 #include <kvc/quant/no_quantizer.hpp>
 #include <kvc/quant/uniform_quantizer.hpp>
 #include <kvc/select/full_precision_window.hpp>
+#include <kvc/select/log_window.hpp>
 
 namespace kvc::schemes {
 
@@ -26,6 +27,21 @@ using Kivi = CompressedKVCache<keys<GroupQuantizer<Bits, Group, Axis::kChannel>>
                                values<GroupQuantizer<Bits, Group, Axis::kToken>>, FullPrecisionWindow<Window>>;
 using Kivi4 = Kivi<4>;
 using Kivi2 = Kivi<2>;
+
+/// LogQuant (SPEC §4): KIVI's group quantization (keys per channel over `Group`-token blocks, values
+/// per token in `Group`-channel groups; G = 64 in the paper, 32 allowed) with LogQuant's log-distributed
+/// full-precision set of at most 3W tokens (LogWindow<W>). Evicted tokens are staged in fp16 until a
+/// block of `Group` accumulates, then quantized once; the staged rows count in bits_per_element().
+template <int Bits, int W = 42, int Group = 64>
+using LogQuant = CompressedKVCache<keys<GroupQuantizer<Bits, Group, Axis::kChannel>>,
+                                   values<GroupQuantizer<Bits, Group, Axis::kToken>>, LogWindow<W>>;
+/// The paper's main configuration: 2-bit, G = 64, W = 42 (R = 128's budget: at most 126 fp16 tokens
+/// in the set, plus up to 63 staged).
+using LogQuant2 = LogQuant<2>;
+using LogQuant4 = LogQuant<4>;
+/// KIVI-2 on LogQuant2's quantizer and budget for the side-by-side: G = 64 groups and blocks, the newest
+/// 126 tokens in fp16 (plus up to 63 not yet in a block), same bits per quantized element.
+using Kivi2Budget126 = Kivi<2, 64, 126>;
 
 /// GEAR (SPEC §1) in block mode: every completed block of `Block` tokens of one KV head is compressed
 /// once: the signed top/bottom s/2 entries kept exact (OutlierFilter), the rest quantized, and the

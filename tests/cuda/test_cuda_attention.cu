@@ -31,8 +31,8 @@ template <class K>
 void check_case() {
   using C = typename K::cache;
   using QT = typename K::query;
-  constexpr int D = K::kD, B = C::kBlockTokens, S = C::selector::kSink, R = C::selector::kRecent;
-  const std::vector<int> lengths{S + 9 * B + R + 11, 1, S + 3 * B + R, S + 2, S + B + R - 1};
+  constexpr int D = K::kD, B = C::kBlockTokens, F = kvc_test::fp_span<typename C::selector>();
+  const std::vector<int> lengths{F + 9 * B + 11, 1, F + 3 * B, 2, F + B - 1, F + 1};
   const auto f = kvc_test::make_filled<C>(1, 2, D, lengths, 31 + D);
   kvc::cuda::device_cache_t<C> dev(f.cfg);
   dev.upload(*f.cache);
@@ -90,6 +90,8 @@ using Cases = ::testing::Types<
     // every scheme at 128
     Case<sch::Bf16, 128>, Case<sch::Fp32, 128>, Case<sch::Int8, 128>, Case<sch::Kivi4, 128>, Case<sch::Kivi2, 128>,
     Case<sch::GearKivi2, 128>, Case<sch::Gear4, 128>, Case<sch::OutlierQuant4, 64>,
+    // LogQuant: blocks in eviction order + the log set and staging rows (fp_row_at)
+    Case<sch::LogQuant2, 64>, Case<sch::LogQuant2, 128>, Case<sch::LogW3, 128>, Case<sch::LogW40, 64>,
     // 16-bit queries
     Case<sch::Fp16, 128, kvc::half_t>, Case<sch::Kivi2, 128, kvc::half_t>, Case<sch::Bf16, 128, kvc::bfloat16_t>,
     Case<sch::Kivi4, 128, kvc::bfloat16_t>>;

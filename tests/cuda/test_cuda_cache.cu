@@ -12,7 +12,8 @@ using kvc_test::KV;
 template <class C>
 class DeviceCache : public ::testing::Test {};
 using CacheSchemes = ::testing::Types<sch::Fp16, sch::Bf16, sch::Fp32, sch::Int8, sch::Kivi4, sch::Kivi2, sch::Kivi3Sink,
-                                      sch::GearKivi2, sch::Gear4, sch::OutlierQuant4>;
+                                      sch::GearKivi2, sch::Gear4, sch::OutlierQuant4, sch::LogQuant2, sch::LogW3,
+                                      sch::LogW40, sch::LogGear>;
 TYPED_TEST_SUITE(DeviceCache, CacheSchemes, Names);
 
 /// Appends `x` to both caches with the same calls: a prefill, then single tokens, then the rest; the
@@ -67,9 +68,9 @@ TYPED_TEST(DeviceCache, DeviceAppendsStoreWhatHostAppendsStore) {
   using D = kvc::cuda::device_cache_t<C>;
   using KF = typename C::key_format;
   using VF = typename C::value_format;
-  constexpr int B = C::kBlockTokens, S = C::selector::kSink, R = C::selector::kRecent;
+  constexpr int B = C::kBlockTokens, F = kvc_test::fp_span<typename C::selector>();
   for (int d : {64, 128}) {
-    const std::vector<int> lengths{S + 6 * B + R + 5, 1, S + 2 * B + R, S + B / 2};  // ragged, block boundaries
+    const std::vector<int> lengths{F + 6 * B + 5, 1, F + 2 * B, F + B / 2, F + 1};  // ragged, block boundaries
     const kvc::CacheConfig cfg{2, int(lengths.size()), 2, d, lengths[0] + 3};
     C host(cfg);
     D dev(cfg);

@@ -95,10 +95,10 @@ namespace detail {
 
 inline constexpr float kLog2e = 1.4426950408889634f;
 
-/// One work item: blocks [b0, b1) of stream (seq, kvh), plus the sink / the ring tail.
+/// One work item: blocks [b0, b1) of stream (seq, kvh), plus its full-precision tokens (last split).
 struct WorkItem {
   int seq, kvh, b0, b1;
-  bool sink, tail;
+  bool fp;
 };
 
 /// The kernel entry points of one (layout, precision, SIMD path).
@@ -238,7 +238,7 @@ void decode_attention(const typename Layout::Params& p, QueryView q, OutputView 
     for (int h = 0; h < p.kv_heads; ++h) {
       first_item[std::size_t(s) * p.kv_heads + h] = static_cast<int>(work.size());
       for (int i = 0; i < splits; ++i)
-        work.push_back({s, h, nb * i / splits, nb * (i + 1) / splits, i == 0, i == splits - 1});
+        work.push_back({s, h, nb * i / splits, nb * (i + 1) / splits, i == splits - 1});
     }
   }
   first_item.back() = static_cast<int>(work.size());

@@ -4,13 +4,14 @@
 /// CPU attention and the CUDA kernels read (the host container owns the memory).
 ///
 /// Per layer, sequence and KV head, a stream of tokens is stored as:
-///  - sink:   the first `Sink` tokens, token-major, selector storage W (fp16 by default);
-///  - blocks: quantized blocks of B tokens, in token order, each [codes][lo x G][step x G] (fp16
-///            metadata planes, G groups), then, with GEAR's corrections, the correction region at
-///            the next multiple of 16 bytes (gear/block_correction.hpp), padded to 64 bytes; identity
-///            blocks hold raw elements;
-///  - ring:   the newest not-yet-quantized tokens (at most Recent + B - 1), token-major, slot
-///            (pos - Sink) mod (Recent + B);
+///  - blocks: quantized blocks of B tokens, in the order the selector hands them out (token order for
+///            a window, eviction order for LogWindow), each [codes][lo x G][step x G] (fp16 metadata
+///            planes, G groups), then, with GEAR's corrections, the correction region at the next
+///            multiple of 16 bytes (gear/block_correction.hpp), padded to 64 bytes; identity blocks hold
+///            raw elements;
+///  - full-precision rows: Sel::fp_slots(B) token-major rows of selector storage W (fp16 by default);
+///            the selector says which slot holds the i-th full-precision token (a window: the sink,
+///            then a ring; LogWindow: the log set, then a staging area);
 ///  - stream outliers (GEAR's OutlierScope::kStream only): the outliers of all blocks as one table,
 ///            [uint16 in-block index x cap][fp16 value x cap], ascending by (block, index), and
 ///            [uint32 x (capacity_blocks + 1)] start offsets, block b's entries at [off[b], off[b+1]).
@@ -193,9 +194,7 @@ struct CacheLayout {
   using selector = Sel;
   using window_t = typename Sel::storage;
   static constexpr int kBlockTokens = B;
-  static constexpr int kSink = Sel::kSink;
-  static constexpr int kRecent = Sel::kRecent;
-  static constexpr int kRingTokens = Sel::ring_tokens(B);
+  static constexpr int kFpSlots = Sel::fp_slots(B);  ///< full-precision rows per stream and side
   using stream_outliers = StreamOutliers;
   static constexpr bool kStreamOutliers = !std::is_void_v<StreamOutliers>;
   template <bool Keys>
@@ -215,10 +214,8 @@ struct CacheLayout {
     const int* lengths;   ///< [batch] tokens per sequence
     std::byte* k_blocks;  ///< [batch][kv_heads][capacity_blocks] blocks of key_format::block_bytes
     std::byte* v_blocks;
-    window_t* k_sink;  ///< [batch][kv_heads][kSink][head_dim]
-    window_t* v_sink;
-    window_t* k_ring;  ///< [batch][kv_heads][kRingTokens][head_dim]
-    window_t* v_ring;
+    window_t* k_fp;  ///< [batch][kv_heads][kFpSlots][head_dim]
+    window_t* v_fp;
     int outlier_capacity;       ///< stream-scope outlier entries per stream (0 without)
     std::uint32_t* k_out_off;   ///< [batch][kv_heads][capacity_blocks + 1] (nullptr without)
     std::uint16_t* k_out_idx;   ///< [batch][kv_heads][outlier_capacity]
@@ -243,15 +240,19 @@ struct CacheLayout {
     KVC_HOST_DEVICE std::byte* value_block(int seq, int head, int blk) const noexcept {
       return v_blocks + (std::size_t(stream(seq, head)) * capacity_blocks + blk) * value_format::block_bytes(head_dim);
     }
-    /// Full-precision row of token `pos` (a sink or ring token; callers know which), or nullptr.
+    /// Full-precision tokens of sequence `seq` (everything outside its quantized blocks).
+    KVC_HOST_DEVICE int fp_count(int seq) const noexcept { return lengths[seq] - quantized_blocks(seq) * B; }
+    /// Row of full-precision slot `slot` of one stream side.
+    KVC_HOST_DEVICE window_t* fp_slot_row(Side side, int seq, int head, int slot) const noexcept {
+      return (side == Side::kKey ? k_fp : v_fp) + (std::size_t(stream(seq, head)) * kFpSlots + slot) * head_dim;
+    }
+    /// Row of the i-th full-precision token of (seq, head), i < fp_count(seq) (storage order).
+    KVC_HOST_DEVICE window_t* fp_row_at(Side side, int seq, int head, int i) const noexcept {
+      return fp_slot_row(side, seq, head, Sel::fp_slot(lengths[seq], i, B));
+    }
+    /// Window selectors only: the row of token `pos` while it is full precision (a sink or ring token).
     KVC_HOST_DEVICE window_t* fp_row(Side side, int seq, int head, int pos) const noexcept {
-      if (pos < kSink) {
-        window_t* base = side == Side::kKey ? k_sink : v_sink;
-        return base + (std::size_t(stream(seq, head)) * kSink + pos) * head_dim;
-      }
-      window_t* base = side == Side::kKey ? k_ring : v_ring;
-      const int slot = (pos - kSink) % kRingTokens;
-      return base + (std::size_t(stream(seq, head)) * kRingTokens + slot) * head_dim;
+      return fp_slot_row(side, seq, head, Sel::slot_of(pos, B));
     }
   };
   static_assert(std::is_trivially_copyable_v<Params>, "kvc: CacheLayout::Params must be trivially copyable");

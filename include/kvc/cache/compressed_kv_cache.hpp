@@ -17,6 +17,7 @@
 #include <kvc/quant/codec.hpp>
 #include <kvc/quant/no_quantizer.hpp>
 #include <kvc/select/full_precision_window.hpp>
+#include <kvc/select/log_window.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -73,7 +74,6 @@ class CompressedKVCache {
 
   explicit CompressedKVCache(const CacheConfig& cfg) : cfg_(cfg) {
     cap_blocks_ = rules::validate(cfg);
-    const int S = selector::kSink;
     if constexpr (layout::kStreamOutliers) {
       KVC_CHECK(std::int64_t(kBlockTokens) * cfg.head_dim <= 65536, Errc::kInvalidArgument,
                 "outliers use 16-bit in-block indices, but a block holds ", std::int64_t(kBlockTokens) * cfg.head_dim,
@@ -85,10 +85,8 @@ class CompressedKVCache {
     const std::size_t d = std::size_t(cfg.head_dim);
     k_blocks_ = AlignedBuffer<std::byte>(streams * cap_blocks_ * key_format::block_bytes(cfg.head_dim));
     v_blocks_ = AlignedBuffer<std::byte>(streams * cap_blocks_ * value_format::block_bytes(cfg.head_dim));
-    k_sink_ = AlignedBuffer<window_t>(streams * S * d);
-    v_sink_ = AlignedBuffer<window_t>(streams * S * d);
-    k_ring_ = AlignedBuffer<window_t>(streams * layout::kRingTokens * d);
-    v_ring_ = AlignedBuffer<window_t>(streams * layout::kRingTokens * d);
+    k_fp_ = AlignedBuffer<window_t>(streams * layout::kFpSlots * d);
+    v_fp_ = AlignedBuffer<window_t>(streams * layout::kFpSlots * d);
     lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
     if constexpr (layout::kKeyStreamOutliers) k_out_ = OutlierTable(streams, cap_blocks_, out_cap_);
     if constexpr (layout::kValueStreamOutliers) v_out_ = OutlierTable(streams, cap_blocks_, out_cap_);
@@ -110,8 +108,8 @@ class CompressedKVCache {
 
   /// Appends `k.dim0` tokens (prefill: many; decode: one) to sequence `seq` of `layer`.
   /// k, v: [tokens][kv_heads][head_dim], finite, and within what the storage represents (fp16: 65504).
-  /// Tokens are written to the sink or the full-precision ring; blocks that become complete and older
-  /// than the window are quantized at once (each token exactly once).
+  /// Token by token, the selector's rule (append_token) writes it to a full-precision slot and says which
+  /// rows to move and which blocks are complete; those are quantized at once (each token exactly once).
   void append(int layer, int seq, KVView k, KVView v) {
     check_index(layer, seq);
     int& n = lengths_[std::size_t(layer) * cfg_.batch + seq];
@@ -120,34 +118,14 @@ class CompressedKVCache {
     rules::check_values(v, "value");
 
     const params_type p = params(layer);
-    const int S = selector::kSink, Rw = selector::kRecent, B = kBlockTokens, d = cfg_.head_dim;
+    const int B = kBlockTokens;
     const int blocks_before = selector::quantized_blocks(n, B);
     std::vector<float> pending;  // LiteralMode: exact rows of the blocks completed by this append
+    AppendOps ops{*this, p, layer, seq, k, v, 0, pending};
     for (int t = 0; t < k.dim0; ++t) {
-      const int pos = n;
-      for (int h = 0; h < cfg_.kv_heads; ++h) {
-        convert(k.row(t, h), p.fp_row(Side::kKey, seq, h, pos), std::size_t(d));
-        convert(v.row(t, h), p.fp_row(Side::kValue, seq, h, pos), std::size_t(d));
-      }
-      n = pos + 1;
-      const int nb = selector::quantized_blocks(pos, B);  // blocks before this token
-      if (pos >= S && n - S - nb * B == Rw + B) {
-        if constexpr (kLiteral) {
-          // Stash the block's exact rows [head][side][B][d] before the ring reuses their slots.
-          const std::size_t at = pending.size();
-          pending.resize(at + std::size_t(cfg_.kv_heads) * 2 * B * d);
-          for (int h = 0; h < cfg_.kv_heads; ++h)
-            for (int sd = 0; sd < 2; ++sd)
-              for (int r = 0; r < B; ++r)
-                convert(p.fp_row(sd == 0 ? Side::kKey : Side::kValue, seq, h, S + nb * B + r),
-                        pending.data() + at + ((std::size_t(h) * 2 + sd) * B + r) * d, std::size_t(d));
-        } else {
-          for (int h = 0; h < cfg_.kv_heads; ++h) {
-            quantize_block<key_format>(p, Side::kKey, layer, seq, h, nb, p.key_block(seq, h, nb));
-            quantize_block<value_format>(p, Side::kValue, layer, seq, h, nb, p.value_block(seq, h, nb));
-          }
-        }
-      }
+      ops.token = t;
+      selector::append_token(n, B, ops);
+      ++n;
     }
     if constexpr (kLiteral) {
       if (!pending.empty()) flush_literal(p, layer, seq, blocks_before, selector::quantized_blocks(n, B), pending);
@@ -174,10 +152,8 @@ class CompressedKVCache {
                        lengths_.data() + std::size_t(layer) * cfg_.batch,
                        self->k_blocks_.data() + s0 * cap_blocks_ * key_format::block_bytes(cfg_.head_dim),
                        self->v_blocks_.data() + s0 * cap_blocks_ * value_format::block_bytes(cfg_.head_dim),
-                       self->k_sink_.data() + s0 * selector::kSink * d,
-                       self->v_sink_.data() + s0 * selector::kSink * d,
-                       self->k_ring_.data() + s0 * layout::kRingTokens * d,
-                       self->v_ring_.data() + s0 * layout::kRingTokens * d,
+                       self->k_fp_.data() + s0 * layout::kFpSlots * d,
+                       self->v_fp_.data() + s0 * layout::kFpSlots * d,
                        out_cap_,
                        self->k_out_.offsets(s0),
                        self->k_out_.indices(s0),
@@ -216,32 +192,33 @@ class CompressedKVCache {
   /// Bytes reserved for the configured capacity.
   [[nodiscard]] std::size_t allocated_bytes() const {
     return k_blocks_.size() + v_blocks_.size() +
-           (k_sink_.size() + v_sink_.size() + k_ring_.size() + v_ring_.size()) * sizeof(window_t) +
+           (k_fp_.size() + v_fp_.size()) * sizeof(window_t) +
            k_out_.bytes() + v_out_.bytes() + lengths_.size() * sizeof(int);
   }
 
-  /// Reconstructs what the cache holds for (layer, seq) into k, v: [length][kv_heads][head_dim].
-  /// For tests and debugging; attention never does this.
+  /// Reconstructs what the cache holds for (layer, seq) into k, v: [length][kv_heads][head_dim], every
+  /// row at its token position (selector::positions). For tests and debugging; attention never does this.
   void dequantize(int layer, int seq, float* k, float* v) const {
     const int n = length(layer, seq);
     const params_type p = params(layer);
-    const int nb = selector::quantized_blocks(n, kBlockTokens), S = selector::kSink, d = cfg_.head_dim, H = cfg_.kv_heads;
-    std::vector<float> kx(std::size_t(kBlockTokens) * d), vx(kx.size());
-    for (int h = 0; h < H; ++h)
+    const int B = kBlockTokens, nb = selector::quantized_blocks(n, B), d = cfg_.head_dim, H = cfg_.kv_heads;
+    std::vector<int> pos(static_cast<std::size_t>(n));
+    selector::positions(n, B, pos.data());
+    std::vector<float> kx(std::size_t(B) * d), vx(kx.size());
+    for (int h = 0; h < H; ++h) {
       for (int blk = 0; blk < nb; ++blk) {
         reconstruct_block<key_format>(p, seq, h, blk, kx.data());
         reconstruct_block<value_format>(p, seq, h, blk, vx.data());
-        for (int t = 0; t < kBlockTokens; ++t) {
-          const std::size_t row = (std::size_t(S + blk * kBlockTokens + t) * H + h) * d;
+        for (int t = 0; t < B; ++t) {
+          const std::size_t row = (std::size_t(pos[std::size_t(blk) * B + t]) * H + h) * d;
           std::copy_n(kx.data() + std::size_t(t) * d, d, k + row);
           std::copy_n(vx.data() + std::size_t(t) * d, d, v + row);
         }
       }
-    for (int pos = 0; pos < n; ++pos) {
-      if (pos >= S && pos < S + nb * kBlockTokens) continue;
-      for (int h = 0; h < H; ++h) {
-        convert(p.fp_row(Side::kKey, seq, h, pos), k + (std::size_t(pos) * H + h) * d, std::size_t(d));
-        convert(p.fp_row(Side::kValue, seq, h, pos), v + (std::size_t(pos) * H + h) * d, std::size_t(d));
+      for (int i = 0; i < n - nb * B; ++i) {
+        const std::size_t row = (std::size_t(pos[std::size_t(nb) * B + i]) * H + h) * d;
+        convert(p.fp_row_at(Side::kKey, seq, h, i), k + row, std::size_t(d));
+        convert(p.fp_row_at(Side::kValue, seq, h, i), v + row, std::size_t(d));
       }
     }
   }
@@ -252,15 +229,55 @@ class CompressedKVCache {
  private:
   void check_index(int layer, int seq) const { rules::check_index(cfg_, layer, seq); }
 
-  /// Compresses block `blk` of one stream from its full-precision ring rows into `dst` (block mode).
-  template <class F>
-  void quantize_block(const params_type& p, Side side, int layer, int seq, int head, int blk, std::byte* dst) {
-    constexpr int B = kBlockTokens;
-    const int d = cfg_.head_dim, first = selector::kSink + blk * B;
-    std::vector<float> x(std::size_t(B) * d);
-    for (int t = 0; t < B; ++t) convert(p.fp_row(side, seq, head, first + t), x.data() + std::size_t(t) * d, std::size_t(d));
-    compress_block<F>(x.data(), layer, seq, head, blk, dst, {});
-  }
+  /// What selector::append_token does to one sequence, applied to every KV head and both sides:
+  /// write(slot) stores input token `token`, move(from, to) copies a slot's rows, compress(blk, slot_of)
+  /// quantizes block blk from the slots slot_of(0..B-1) (LiteralMode: stashes them for the flush).
+  struct AppendOps {
+    CompressedKVCache& c;
+    const params_type& p;
+    int layer, seq;
+    KVView k, v;
+    int token;
+    std::vector<float>& pending;  // LiteralMode: [block][head][side][B][d]
+
+    void write(int slot) const {
+      const std::size_t d = std::size_t(c.cfg_.head_dim);
+      for (int h = 0; h < c.cfg_.kv_heads; ++h) {
+        convert(k.row(token, h), p.fp_slot_row(Side::kKey, seq, h, slot), d);
+        convert(v.row(token, h), p.fp_slot_row(Side::kValue, seq, h, slot), d);
+      }
+    }
+    void move(int from, int to) const {
+      const std::size_t d = std::size_t(c.cfg_.head_dim);
+      for (int h = 0; h < c.cfg_.kv_heads; ++h)
+        for (Side side : {Side::kKey, Side::kValue})
+          std::copy_n(p.fp_slot_row(side, seq, h, from), d, p.fp_slot_row(side, seq, h, to));
+    }
+    template <class SlotOf>
+    void compress(int blk, SlotOf slot_of) const {
+      constexpr int B = kBlockTokens;
+      const int d = c.cfg_.head_dim, H = c.cfg_.kv_heads;
+      if constexpr (kLiteral) {
+        // The block's exact rows [head][side][B][d], before later tokens reuse their slots.
+        const std::size_t at = pending.size();
+        pending.resize(at + std::size_t(H) * 2 * B * d);
+        for (int h = 0; h < H; ++h)
+          for (int sd = 0; sd < 2; ++sd)
+            for (int r = 0; r < B; ++r)
+              convert(p.fp_slot_row(sd == 0 ? Side::kKey : Side::kValue, seq, h, slot_of(r)),
+                      pending.data() + at + ((std::size_t(h) * 2 + sd) * B + r) * d, std::size_t(d));
+      } else {
+        std::vector<float> x(std::size_t(B) * d);
+        for (int h = 0; h < H; ++h)
+          for (Side side : {Side::kKey, Side::kValue}) {
+            for (int r = 0; r < B; ++r)
+              convert(p.fp_slot_row(side, seq, h, slot_of(r)), x.data() + std::size_t(r) * d, std::size_t(d));
+            if (side == Side::kKey) c.compress_block<key_format>(x.data(), layer, seq, h, blk, p.key_block(seq, h, blk), {});
+            else c.compress_block<value_format>(x.data(), layer, seq, h, blk, p.value_block(seq, h, blk), {});
+          }
+      }
+    }
+  };
 
   /// Compresses the exact block x ([B][d] row-major) into `dst`: with an outlier filter, the
   /// outliers are selected first (per block, or given: `so`, this block's share of the stream-scope
@@ -416,7 +433,7 @@ class CompressedKVCache {
   int out_cap_ = 0;  // stream-scope outlier entries per stream and side
   OutlierTable k_out_, v_out_;
   AlignedBuffer<std::byte> k_blocks_, v_blocks_;
-  AlignedBuffer<window_t> k_sink_, v_sink_, k_ring_, v_ring_;
+  AlignedBuffer<window_t> k_fp_, v_fp_;  // the selector's full-precision slots
   std::vector<int> lengths_;
   std::vector<float> warm_k_, warm_v_;  // LowRankInit::kWarm: each stream's last basis B (d x r)
 };

@@ -109,6 +109,9 @@ struct cache_checks {
   static_assert(!R::kCorrected || !(R::key_q::kIsIdentity && R::value_q::kIsIdentity),
                 "kvc: OutlierFilter / LowRankResidual correct a quantized backbone; this cache quantizes neither "
                 "keys nor values");
+  static_assert(Selector<typename R::selector>,
+                "kvc: the selector policy must provide the selector interface (quantized_blocks, capacity_blocks, "
+                "fp_slots, fp_slot, positions, append_token: see kvc::FullPrecisionWindow, kvc::LogWindow)");
   static_assert(detail::count_kind<kind::loader, P...> == 0,
                 "kvc: loader policies are not supported by CompressedKVCache yet");
   static_assert(std::is_void_v<typename R::streaming> || std::is_same_v<typename R::streaming, LiteralMode>,
@@ -141,8 +144,7 @@ struct CacheRules {
     check_groups<typename VF::quantizer>(cfg, "value");
     check_correction<KF>(cfg, "key");
     check_correction<VF>(cfg, "value");
-    const int S = L::kSink, Rw = L::kRecent;
-    return cfg.capacity > S + Rw ? (cfg.capacity - S - Rw) / L::kBlockTokens : 0;
+    return L::selector::capacity_blocks(cfg.capacity, L::kBlockTokens);
   }
 
   /// Largest |x| an input may hold: the window storage's range, and for quantized sides what fp16
@@ -195,7 +197,7 @@ struct CacheRules {
 
   /// Bytes holding live data of one layer whose `cfg.batch` sequences hold lengths[s] tokens: codes,
   /// fp16 scales and zeros, block padding, correction regions, stream-scope outlier entries with their
-  /// block offsets, sink and window tokens. One fused decode step over the layer reads exactly these.
+  /// block offsets, full-precision tokens. One fused decode step over the layer reads exactly these.
   static std::size_t stored_bytes(const CacheConfig& cfg, const int* lengths) {
     constexpr int B = L::kBlockTokens;
     const int d = cfg.head_dim;

@@ -53,12 +53,18 @@ concept Quantizer = PolicyOf<Q, kind::quantizer> && requires {
   { Q::name() } -> std::convertible_to<const char*>;
 };
 
-/// A full-precision token selector decides which tokens are kept uncompressed. The window
-/// selector's state is a pure function of the sequence length (no scores, no query).
+/// A full-precision token selector decides which tokens are kept uncompressed and in which order
+/// tokens enter the quantized blocks. Its state is a pure function of the sequence length (no scores,
+/// no query), so one rule serves every layer and head. The interface is documented in
+/// select/full_precision_window.hpp (FullPrecisionWindow, LogWindow).
 template <class S>
-concept Selector = PolicyOf<S, kind::selector> && requires {
-  { S::kRecent } -> std::convertible_to<int>;
-  { S::kSink } -> std::convertible_to<int>;
+concept Selector = PolicyOf<S, kind::selector> && requires(int n, int* pos) {
+  { S::quantized_blocks(n, n) } -> std::convertible_to<int>;
+  { S::capacity_blocks(n, n) } -> std::convertible_to<int>;
+  { S::fp_slots(n) } -> std::convertible_to<int>;
+  { S::fp_slot(n, n, n) } -> std::convertible_to<int>;
+  typename S::storage;
+  S::positions(n, n, pos);
 };
 
 /// Apply a quantizer to keys only / values only.

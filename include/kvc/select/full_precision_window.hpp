@@ -1,6 +1,14 @@
 // kvc: nvcc-safe
 /// \file full_precision_window.hpp
 /// KIVI's sliding full-precision window, with an optional StreamingLLM-style sink.
+///
+/// The selector interface (`kvc::Selector`, core/concepts.hpp), shared with LogWindow: per stream the
+/// cache holds quantized blocks (in the order the selector hands them out) and `fp_slots(B)` rows of
+/// full-precision storage; with n tokens, quantized_blocks(n, B) blocks are live and the other
+/// n - quantized_blocks(n, B) * B tokens are full precision, the i-th of them in slot fp_slot(n, i, B).
+/// `append_token` tells the cache, as slot operations, what appending token n does; `positions` says
+/// which position every stored row holds (tests, dequantize). Attention is invariant under permuting
+/// tokens, so kernels read blocks and full-precision rows in storage order. Host+device.
 #pragma once
 
 #include <kvc/config.hpp>
@@ -15,6 +23,7 @@ namespace kvc {
 /// window, i.e. when n - (Sink + (k+1)B) >= Recent. So the newest max(Recent, ...) tokens, at most
 /// Recent + B - 1 of them, are always exact, and each token is quantized exactly once.
 /// Recent = 0 quantizes every complete block; the incomplete newest block stays full precision.
+/// Slots: [0, Sink) the sink, then a ring of Recent + B slots, token pos in Sink + (pos - Sink) % ring.
 template <int Recent = 0, int Sink = 0, StorageType Storage = half_t>
 struct FullPrecisionWindow {
   static_assert(Recent >= 0 && Sink >= 0, "kvc::FullPrecisionWindow: sizes must be non-negative");
@@ -23,12 +32,49 @@ struct FullPrecisionWindow {
   static constexpr int kRecent = Recent;
   static constexpr int kSink = Sink;
 
-  /// Number of quantized blocks once the sequence holds n tokens. Host+device.
+  /// Number of quantized blocks once the sequence holds n tokens.
   KVC_HOST_DEVICE static constexpr int quantized_blocks(int n, int block_tokens) noexcept {
     return n > Sink + Recent ? (n - Sink - Recent) / block_tokens : 0;
   }
+  /// Quantized blocks a stream of `capacity` tokens can need.
+  KVC_HOST_DEVICE static constexpr int capacity_blocks(int capacity, int block_tokens) noexcept {
+    return quantized_blocks(capacity, block_tokens);
+  }
   /// Capacity of the ring that holds the not-yet-quantized newest tokens.
   KVC_HOST_DEVICE static constexpr int ring_tokens(int block_tokens) noexcept { return Recent + block_tokens; }
+  KVC_HOST_DEVICE static constexpr int fp_slots(int block_tokens) noexcept { return Sink + ring_tokens(block_tokens); }
+  /// Slot of token `pos` while it is full precision (a sink or ring token).
+  KVC_HOST_DEVICE static constexpr int slot_of(int pos, int block_tokens) noexcept {
+    return pos < Sink ? pos : Sink + (pos - Sink) % ring_tokens(block_tokens);
+  }
+  /// Position of the i-th full-precision token with n tokens: the sink, then the tail after the blocks.
+  KVC_HOST_DEVICE static constexpr int fp_position(int n, int i, int block_tokens) noexcept {
+    return i < Sink ? i : i + quantized_blocks(n, block_tokens) * block_tokens;
+  }
+  KVC_HOST_DEVICE static constexpr int fp_slot(int n, int i, int block_tokens) noexcept {
+    return slot_of(fp_position(n, i, block_tokens), block_tokens);
+  }
+
+  /// Appending token n (the sequence held n): ops.write(slot) stores it; then, when it completes a block
+  /// older than the window, ops.compress(block, slot_of_row) quantizes that block from its ring slots.
+  KVC_HD_CALLABLE_TEMPLATE
+  template <class Ops>
+  KVC_HOST_DEVICE static void append_token(int n, int block_tokens, Ops& ops) {
+    ops.write(slot_of(n, block_tokens));
+    const int nb = quantized_blocks(n, block_tokens);
+    if (quantized_blocks(n + 1, block_tokens) > nb) {
+      const int first = Sink + nb * block_tokens;
+      ops.compress(nb, [first, block_tokens](int r) { return slot_of(first + r, block_tokens); });
+    }
+  }
+
+  /// Position of every stored row with n tokens: pos[b * B + r] for row r of block b, then
+  /// pos[quantized_blocks * B + i] for the i-th full-precision token (n entries).
+  KVC_HOST_DEVICE static void positions(int n, int block_tokens, int* pos) noexcept {
+    const int q = quantized_blocks(n, block_tokens) * block_tokens;
+    for (int i = 0; i < q; ++i) pos[i] = Sink + i;
+    for (int i = 0; i < n - q; ++i) pos[q + i] = fp_position(n, i, block_tokens);
+  }
 };
 
 /// No window: every complete block is quantized (only the incomplete newest block stays exact).

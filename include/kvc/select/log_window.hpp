@@ -1,7 +1,7 @@
 // kvc: nvcc-safe
 /// \file log_window.hpp
-/// LogQuant's log-distributed full-precision token set (SPEC §4.2, Algorithm 1, authoritative).
-/// WORK IN PROGRESS (issue 13): the selection rule only; CompressedKVCache does not accept it yet.
+/// LogQuant's log-distributed full-precision token set (SPEC §4.2, Algorithm 1, authoritative), as a
+/// selector of CompressedKVCache (the interface: select/full_precision_window.hpp).
 ///
 /// State per sequence: FP, the positions kept in full precision, oldest first. APPEND(t):
 ///   |FP| < 3W:  FP.push_back(t)
@@ -9,56 +9,120 @@
 ///               FP = FP[0], FP[2], ..., FP[2W-2] ++ FP[2W .. 3W-1] ++ [t]     (|FP| = 2W + 1)
 /// Prefill = APPEND per token (SPEC L1 default). Evictions happen when token 3W + kW arrives (k >= 0),
 /// W tokens each; position 0 is never evicted. The rule depends on the token count only, so every layer
-/// and head of a sequence shares it. Host+device.
+/// and head of a sequence shares it, and so does the storage below (no per-sequence state is stored).
 ///
-/// Integration plan (next step of issue 13):
-///  - blocks: quantized_blocks(n, B) = evicted_count(n) / B, blocks in eviction order (SPEC L2: evicted
-///    rows are staged in full precision until B = the key group size accumulate, then quantized once);
-///  - full-precision rows per stream: 3W "set" slots kept in list order (an eviction compacts the slots
-///    exactly like the list: slot i always holds FP[i], 2W row moves per W tokens) plus a staging area
-///    of B - 1 rows (evicted_count(n) % B of them live);
-///  - kernels: replace the sink/ring-specific ranges by a selector-agnostic full-precision token list,
-///    `Params::fp_count(seq)` and `fp_row_at(side, seq, head, i)` (FullPrecisionWindow: sink rows then
-///    the ring tail; LogWindow: set slots then staging), so the CPU and CUDA kernels serve both
-///    (attention is invariant under permuting tokens: SPEC §4.1).
+/// Storage (SPEC L2 default): slots [0, 3W) hold FP in list order (slot i = FP[i]; an eviction compacts
+/// the slots exactly like the list: 2W - 1 row moves per W tokens); evicted rows go, in eviction order, to
+/// a staging area of B slots [3W, 3W + B) until a block of B tokens (the key group, G = 64 in the paper)
+/// has accumulated, which is then quantized once. Blocks therefore hold tokens that are not contiguous in
+/// position; attention does not care (SPEC §4.1). Full-precision tokens: the set, then the staging rows.
 #pragma once
 
 #include <kvc/config.hpp>
+#include <kvc/core/concepts.hpp>
+#include <kvc/core/numeric.hpp>
 
 namespace kvc {
 
-template <int W>
+template <int W, StorageType Storage = half_t>
 struct LogWindow {
   static_assert(W >= 1, "kvc::LogWindow<W>: the window W must be at least 1 (the set holds at most 3W tokens)");
+  using policy_kind = kind::selector;
+  using storage = Storage;
   static constexpr int kWindow = W;
-  static constexpr int kCapacity = 3 * W;  ///< most full-precision tokens at once
+  static constexpr int kCapacity = 3 * W;  ///< most tokens in the log set at once
 
-  /// One sequence's set: pos[0, size) oldest first.
+  /// One sequence's set: pos[0, size) oldest first (simulation; the cache derives everything from n).
   struct State {
     int size = 0;
     int pos[3 * W] = {};
   };
 
-  /// Tokens evicted (quantized) once a sequence holds n tokens: W per event, events at 3W + kW.
+  /// Tokens evicted (quantized or staged) once a sequence holds n tokens: W per event, events at 3W + kW.
   KVC_HOST_DEVICE static constexpr int evicted_count(int n) noexcept {
     return n > kCapacity ? W * ((n - kCapacity - 1) / W + 1) : 0;
   }
-  /// Full-precision tokens once a sequence holds n tokens.
+  /// Tokens in the log set once a sequence holds n tokens.
   KVC_HOST_DEVICE static constexpr int kept_count(int n) noexcept { return n - evicted_count(n); }
 
-  /// APPEND(t) (t = the sequence's token count before it). Writes the evicted positions, in eviction
-  /// order, to evicted[0, W) and returns how many (0 or W).
+  KVC_HOST_DEVICE static constexpr int quantized_blocks(int n, int block_tokens) noexcept {
+    return evicted_count(n) / block_tokens;
+  }
+  KVC_HOST_DEVICE static constexpr int capacity_blocks(int capacity, int block_tokens) noexcept {
+    return quantized_blocks(capacity, block_tokens);
+  }
+  KVC_HOST_DEVICE static constexpr int fp_slots(int block_tokens) noexcept { return kCapacity + block_tokens; }
+  /// Slot of the i-th full-precision token: the set in list order, then the staging rows.
+  KVC_HOST_DEVICE static constexpr int fp_slot(int n, int i, int block_tokens) noexcept {
+    const int kept = kept_count(n);
+    (void)block_tokens;
+    return i < kept ? i : kCapacity + (i - kept);
+  }
+
+  /// APPEND(t) on a simulated State (t = the sequence's token count before it). Writes the evicted
+  /// positions, in eviction order, to evicted[0, W) and returns how many (0 or W).
   KVC_HOST_DEVICE static int append(State& s, int t, int* evicted) noexcept {
     if (s.size < kCapacity) {
       s.pos[s.size++] = t;
       return 0;
     }
     for (int i = 0; i < W; ++i) evicted[i] = s.pos[2 * i + 1];
-    for (int i = 1; i < W; ++i) s.pos[i] = s.pos[2 * i];  // keep FP[0], FP[2], ..., FP[2W-2]
-    for (int i = 0; i < W; ++i) s.pos[W + i] = s.pos[2 * W + i];  // then FP[2W .. 3W-1]
+    compact(s.pos);
     s.pos[2 * W] = t;
     s.size = 2 * W + 1;
     return W;
+  }
+
+  /// Appending token n as slot operations: with a full set, ops.move(from, to) each evicted row to
+  /// staging (ops.compress(block, slot_of_row) whenever B rows are staged), then the compaction's moves;
+  /// then ops.write(slot) stores the new token. Each token is quantized exactly once.
+  KVC_HD_CALLABLE_TEMPLATE
+  template <class Ops>
+  KVC_HOST_DEVICE static void append_token(int n, int block_tokens, Ops& ops) {
+    const int kept = kept_count(n);
+    if (kept < kCapacity) {
+      ops.write(kept);
+      return;
+    }
+    int staged = evicted_count(n) % block_tokens, blocks = quantized_blocks(n, block_tokens);
+    for (int i = 0; i < W; ++i) {
+      ops.move(2 * i + 1, kCapacity + staged);
+      if (++staged == block_tokens) {
+        ops.compress(blocks++, [](int r) { return kCapacity + r; });
+        staged = 0;
+      }
+    }
+    compact_slots(ops);
+    ops.write(2 * W);
+  }
+
+  /// Position of every stored row with n tokens (the selector interface's order: blocks' rows, then the
+  /// full-precision tokens), by simulating APPEND; n entries. O(n) time, 3W ints of stack.
+  KVC_HOST_DEVICE static void positions(int n, int block_tokens, int* pos) noexcept {
+    State s;
+    const int ev = evicted_count(n), q = quantized_blocks(n, block_tokens) * block_tokens;
+    int e = 0;
+    for (int t = 0; t < n; ++t) e += append(s, t, pos + e);  // evicted positions, in eviction order
+    // pos = [evicted[0, q)] [set] [evicted[q, ev)]: move the staged tail behind the set.
+    for (int i = ev - 1; i >= q; --i) pos[s.size + i] = pos[i];
+    for (int i = 0; i < s.size; ++i) pos[q + i] = s.pos[i];
+  }
+
+ private:
+  /// The compaction FP = FP[0], FP[2], ..., FP[2W-2] ++ FP[2W .. 3W-1] as ordered ops.move(from, to).
+  KVC_HD_CALLABLE_TEMPLATE
+  template <class Ops>
+  KVC_HOST_DEVICE static void compact_slots(Ops& ops) {
+    for (int i = 1; i < W; ++i) ops.move(2 * i, i);
+    for (int i = 0; i < W; ++i) ops.move(2 * W + i, W + i);
+  }
+  struct PositionMoves {
+    int* pos;
+    KVC_HOST_DEVICE void move(int from, int to) const noexcept { pos[to] = pos[from]; }
+  };
+  KVC_HOST_DEVICE static void compact(int* pos) noexcept {
+    PositionMoves m{pos};
+    compact_slots(m);
   }
 };
 }  // namespace kvc

@@ -5,7 +5,8 @@
 /// same bytes: upload()/download() copy a host cache of the same policies bit for bit, and a device
 /// append stores the codes and metadata a host append stores (same policy code on the same values).
 ///
-/// Compression on the device covers block mode: uniform, group/KIVI, the sliding window and sink,
+/// Compression on the device covers block mode: uniform, group/KIVI, every selector (the window and sink,
+/// LogWindow: the host runs the selector's rule over slot labels and the device moves the rows),
 /// identity fp32/fp16/bf16, and GEAR's block-scope outliers and low-rank residual (outliers and
 /// backbone in one kernel, bit-identical to the host; the rank-r fit by the same power_iteration code
 /// over cuBLAS/cuSOLVER, equal to the host's up to fp32 rounding). LiteralMode and LowRankInit::kWarm
@@ -73,10 +74,8 @@ class DeviceKVCache {
     const std::size_t d = std::size_t(cfg.head_dim);
     k_blocks_ = DeviceBuffer<std::byte>(streams * cap_blocks_ * key_format::block_bytes(cfg.head_dim));
     v_blocks_ = DeviceBuffer<std::byte>(streams * cap_blocks_ * value_format::block_bytes(cfg.head_dim));
-    k_sink_ = DeviceBuffer<window_t>(streams * layout::kSink * d);
-    v_sink_ = DeviceBuffer<window_t>(streams * layout::kSink * d);
-    k_ring_ = DeviceBuffer<window_t>(streams * layout::kRingTokens * d);
-    v_ring_ = DeviceBuffer<window_t>(streams * layout::kRingTokens * d);
+    k_fp_ = DeviceBuffer<window_t>(streams * layout::kFpSlots * d);
+    v_fp_ = DeviceBuffer<window_t>(streams * layout::kFpSlots * d);
     lengths_ = DeviceBuffer<int>(std::size_t(cfg.layers) * cfg.batch);
     host_lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
     first_bad_ = DeviceBuffer<unsigned long long>(1);
@@ -152,10 +151,8 @@ class DeviceKVCache {
                        self->lengths_.data() + std::size_t(layer) * cfg_.batch,
                        self->k_blocks_.data() + s0 * cap_blocks_ * key_format::block_bytes(cfg_.head_dim),
                        self->v_blocks_.data() + s0 * cap_blocks_ * value_format::block_bytes(cfg_.head_dim),
-                       self->k_sink_.data() + s0 * layout::kSink * d,
-                       self->v_sink_.data() + s0 * layout::kSink * d,
-                       self->k_ring_.data() + s0 * layout::kRingTokens * d,
-                       self->v_ring_.data() + s0 * layout::kRingTokens * d,
+                       self->k_fp_.data() + s0 * layout::kFpSlots * d,
+                       self->v_fp_.data() + s0 * layout::kFpSlots * d,
                        0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
   }
 
@@ -171,8 +168,7 @@ class DeviceKVCache {
     return elems ? 8.0 * double(bytes) / double(elems) : 0.0;
   }
   [[nodiscard]] std::size_t allocated_bytes() const {
-    return k_blocks_.bytes() + v_blocks_.bytes() + k_sink_.bytes() + v_sink_.bytes() + k_ring_.bytes() +
-           v_ring_.bytes() + lengths_.bytes();
+    return k_blocks_.bytes() + v_blocks_.bytes() + k_fp_.bytes() + v_fp_.bytes() + lengths_.bytes();
   }
 
   /// Copies a host cache of the same policies and config into this one, bit for bit (synchronous:
@@ -223,8 +219,7 @@ class DeviceKVCache {
     const std::size_t per_layer = std::size_t(cfg_.batch) * cfg_.kv_heads, d = std::size_t(cfg_.head_dim);
     const std::size_t kb = per_layer * cap_blocks_ * key_format::block_bytes(cfg_.head_dim);
     const std::size_t vb = per_layer * cap_blocks_ * value_format::block_bytes(cfg_.head_dim);
-    const std::size_t sink = per_layer * layout::kSink * d * sizeof(window_t);
-    const std::size_t ring = per_layer * layout::kRingTokens * d * sizeof(window_t);
+    const std::size_t fp = per_layer * layout::kFpSlots * d * sizeof(window_t);
     for (int l = 0; l < cfg_.layers; ++l) {
       const params_type h = host.params(l), g = params(l);
       auto copy = [&](void* hp, void* gp, std::size_t bytes, const char* what) {
@@ -233,10 +228,8 @@ class DeviceKVCache {
       };
       copy(h.k_blocks, g.k_blocks, kb, "cudaMemcpy (key blocks)");
       copy(h.v_blocks, g.v_blocks, vb, "cudaMemcpy (value blocks)");
-      copy(h.k_sink, g.k_sink, sink, "cudaMemcpy (key sink)");
-      copy(h.v_sink, g.v_sink, sink, "cudaMemcpy (value sink)");
-      copy(h.k_ring, g.k_ring, ring, "cudaMemcpy (key ring)");
-      copy(h.v_ring, g.v_ring, ring, "cudaMemcpy (value ring)");
+      copy(h.k_fp, g.k_fp, fp, "cudaMemcpy (key full-precision rows)");
+      copy(h.v_fp, g.v_fp, fp, "cudaMemcpy (value full-precision rows)");
     }
   }
 
@@ -279,32 +272,79 @@ class DeviceKVCache {
               optin);
   }
 
-  /// Queues the compression of the blocks this append completes and the window writes; k, v: device
+  /// The host's side of an append: selector::append_token run symbolically over slot labels (what each
+  /// full-precision slot holds: its content before the append, or an input token; detail::input_source),
+  /// which yields the rows of every block the append completes and the slot writes that remain.
+  struct AppendPlan {
+    std::vector<int> label;       // [kFpSlots]
+    std::vector<int> block_rows;  // [new blocks][B] sources, in block order
+    int token = 0;
+    void write(int slot) { label[std::size_t(slot)] = detail::input_source(token); }
+    void move(int from, int to) { label[std::size_t(to)] = label[std::size_t(from)]; }
+    template <class SlotOf>
+    void compress(int, SlotOf slot_of) {
+      for (int r = 0; r < kBlockTokens; ++r) block_rows.push_back(label[std::size_t(slot_of(r))]);
+    }
+  };
+
+  /// Queues the compression of the blocks this append completes, then the full-precision slot writes
+  /// (gather, then scatter: LogWindow's compaction reads slots it also writes); k, v: device
   /// [tokens][kv_heads][head_dim] fp32.
   void enqueue_append(int layer, int seq, int tokens, const float* k, const float* v, cudaStream_t stream) {
-    const int n = length(layer, seq), n_after = n + tokens, B = kBlockTokens, d = cfg_.head_dim;
+    const int n = length(layer, seq), n_after = n + tokens, B = kBlockTokens, d = cfg_.head_dim, H = cfg_.kv_heads;
     const int nb0 = selector::quantized_blocks(n, B), nb1 = selector::quantized_blocks(n_after, B);
-    const params_type p = params(layer);
-    if (nb1 > nb0) {  // compress first: it reads ring rows the window writes below may overwrite
-      launch_compress<key_format>(p, layer, seq, nb0, nb1 - nb0, n, k, stream);
-      launch_compress<value_format>(p, layer, seq, nb0, nb1 - nb0, n, v, stream);
+    AppendPlan plan;
+    plan.label.resize(std::size_t(layout::kFpSlots));
+    for (int i = 0; i < layout::kFpSlots; ++i) plan.label[std::size_t(i)] = i;
+    for (int t = 0; t < tokens; ++t) {
+      plan.token = t;
+      selector::append_token(n + t, B, plan);
     }
-    const int live_from = layout::kSink + nb1 * B;
-    detail::write_window_kernel<layout><<<dim3(unsigned(tokens), unsigned(cfg_.kv_heads)), d < 256 ? d : 256, 0, stream>>>(
-        p, seq, n, live_from, k, v);
-    check_launch("write_window_kernel");
+    // Live slots whose content changes: [dst slots][their sources] after the block rows.
+    std::vector<int> dst, src;
+    for (int i = 0; i < n_after - nb1 * B; ++i) {
+      const int slot = selector::fp_slot(n_after, i, B);
+      if (plan.label[std::size_t(slot)] != slot) {
+        dst.push_back(slot);
+        src.push_back(plan.label[std::size_t(slot)]);
+      }
+    }
+    std::vector<int> table = plan.block_rows;
+    table.insert(table.end(), dst.begin(), dst.end());
+    table.insert(table.end(), src.begin(), src.end());
+    StreamScratch<int> dev_table(table.size(), stream);
+    if (!table.empty())
+      check(cudaMemcpyAsync(dev_table.data(), table.data(), table.size() * sizeof(int), cudaMemcpyHostToDevice, stream),
+            "cudaMemcpyAsync (append plan)");  // pageable: staged before it returns
+    const int* rows = dev_table.data();
+    const params_type p = params(layer);
+    if (nb1 > nb0) {  // first: the blocks read slots the writes below may overwrite
+      launch_compress<key_format>(p, layer, seq, nb0, nb1 - nb0, rows, k, stream);
+      launch_compress<value_format>(p, layer, seq, nb0, nb1 - nb0, rows, v, stream);
+    }
+    if (!dst.empty()) {
+      const int count = int(dst.size());
+      const int* dev_dst = rows + plan.block_rows.size();
+      StreamScratch<float> tmp(std::size_t(count) * H * 2 * d, stream);
+      const dim3 grid{unsigned(count), unsigned(H)};
+      const int threads = d < 256 ? d : 256;
+      detail::gather_slots_kernel<layout><<<grid, threads, 0, stream>>>(p, seq, dev_dst + count, k, v, tmp.data());
+      check_launch("gather_slots_kernel");
+      detail::scatter_slots_kernel<layout><<<grid, threads, 0, stream>>>(p, seq, dev_dst, tmp.data());
+      check_launch("scatter_slots_kernel");
+    }
     set_length(layer, seq, n_after, stream);
   }
 
   template <class F>
-  void launch_compress(const params_type& p, int layer, int seq, int blk0, int blocks, int n_before, const float* in,
-                       cudaStream_t stream) {
+  void launch_compress(const params_type& p, int layer, int seq, int blk0, int blocks, const int* rows,
+                       const float* in, cudaStream_t stream) {
     const dim3 grid(unsigned(blocks), unsigned(cfg_.kv_heads));
     if constexpr (!F::kCorrected) {
       auto kernel = detail::compress_blocks_kernel<layout, F>;
       const std::size_t smem = detail::compress_smem_bytes<F>(cfg_.head_dim);
       allow_dynamic_smem(kernel, smem, "cudaFuncSetAttribute (append kernel shared memory)");
-      kernel<<<grid, detail::kAppendThreads, smem, stream>>>(p, seq, blk0, n_before, in);
+      kernel<<<grid, detail::kAppendThreads, smem, stream>>>(p, seq, blk0, rows, in);
       check_launch("compress_blocks_kernel");
     } else {
       using C = typename F::correction;
@@ -314,7 +354,7 @@ class DeviceKVCache {
       auto kernel = detail::compress_gear_kernel<layout, F>;
       const std::size_t smem = detail::gear_smem_bytes<F>(d);
       allow_dynamic_smem(kernel, smem, "cudaFuncSetAttribute (append kernel shared memory)");
-      kernel<<<grid, detail::kAppendThreads, smem, stream>>>(p, seq, blk0, n_before, in, res.data());
+      kernel<<<grid, detail::kAppendThreads, smem, stream>>>(p, seq, blk0, rows, in, res.data());
       check_launch("compress_gear_kernel");
       if constexpr (C::kLowRank) {
         // GEAR's rank-r fit of each block's residual: the host's power_iteration over cuBLAS/cuSOLVER,
@@ -353,7 +393,7 @@ class DeviceKVCache {
   CacheConfig cfg_;
   int cap_blocks_ = 0;
   DeviceBuffer<std::byte> k_blocks_, v_blocks_;
-  DeviceBuffer<window_t> k_sink_, v_sink_, k_ring_, v_ring_;
+  DeviceBuffer<window_t> k_fp_, v_fp_;  // the selector's full-precision slots
   DeviceBuffer<int> lengths_;
   std::vector<int> host_lengths_;
   DeviceBuffer<unsigned long long> first_bad_;  // the input scan's result

@@ -54,9 +54,9 @@ class DecodeKernel {
     return used;
   }
 
-  /// Runs blocks [b0, b1) of stream (seq, kvh), plus the sink (if `sink`) and the ring tail (if `tail`).
-  void run(const float* q /*[g][d], pre-scaled*/, int seq, int kvh, int b0, int b1, bool sink, bool tail,
-           float* scratch, Item it) const {
+  /// Runs blocks [b0, b1) of stream (seq, kvh), plus its full-precision tokens (if `fp`).
+  void run(const float* q /*[g][d], pre-scaled*/, int seq, int kvh, int b0, int b1, bool fp, float* scratch,
+           Item it) const {
     std::size_t used = 0;
     Scratch s = carve(scratch, used);
     const int d = d_;
@@ -70,9 +70,10 @@ class DecodeKernel {
     std::memset(s.zacc, 0, sizeof(float) * std::size_t(g_) * ncg_v() * N);
     if constexpr (kInt<KF> && KF::kPerTokenScale) prepare_query_int8(s);
 
-    const int n = p_.lengths[seq];
-    if (sink)
-      for (int t = 0; t < std::min(n, Layout::kSink); t += B) fp_tokens(s, it, seq, kvh, t, std::min({n, Layout::kSink, t + B}));
+    if (fp) {
+      const int nfp = p_.fp_count(seq);
+      for (int i = 0; i < nfp; i += B) fp_tokens(s, it, seq, kvh, i, std::min(nfp, i + B));
+    }
     const int ahead = prefetch_blocks();
     for (int b = b0; b < b1; ++b) {
       if (kPrefetchBytes > 0 && b + ahead < b1)
@@ -84,10 +85,6 @@ class DecodeKernel {
       block(s, it, seq, kvh, b);
       s.pf.finish();
       s.near.finish();
-    }
-    if (tail) {
-      const int first = Layout::kSink + p_.quantized_blocks(seq) * B;
-      for (int t = first; t < n; t += B) fp_tokens(s, it, seq, kvh, t, std::min(n, t + B));
     }
     // Horizontal sums deferred out of the block loop: softmax denominators and value zero terms.
     const int ncg = ncg_v();
@@ -162,7 +159,7 @@ class DecodeKernel {
     std::uint8_t* ktile;  // [B*d]
     const std::uint8_t* kpacked;  // current key block's packed codes
     std::uint8_t* vtile;  // [B*d]
-    float* wrow;          // [B][d] full-precision key rows of the sink / ring, as float
+    float* wrow;          // [B][d] full-precision key rows, as float
     float* kzero;  // [groups_k]
     float* kscale;
     float* vzero;  // [groups_v]
@@ -410,7 +407,8 @@ class DecodeKernel {
   }
 
   // ---------------------------------------------------------------- full-precision tokens
-  /// Sink and ring tokens (full-precision rows, token-major, not contiguous across the ring's wrap).
+  /// Full-precision tokens [first, last) in the selector's storage order (rows token-major, not
+  /// contiguous: a ring wraps, a log set is followed by its staging rows).
   /// Scores: the rows are widened to float once into s.wrow, then N tokens at a time each head keeps
   /// one accumulator per token and sums their lanes together (simd::hsum_lanes); values share each
   /// row load across the heads like identity value blocks.
@@ -419,9 +417,9 @@ class DecodeKernel {
     if (n <= 0) return;
     const W* vrow[B];
     for (int t = 0; t < n; ++t) {
-      const W* k = p_.fp_row(Side::kKey, seq, kvh, first + t);
+      const W* k = p_.fp_row_at(Side::kKey, seq, kvh, first + t);
       for (int c = 0; c < d; c += N) F::load(k + c).store(s.wrow + std::size_t(t) * d + c);
-      vrow[t] = p_.fp_row(Side::kValue, seq, kvh, first + t);
+      vrow[t] = p_.fp_row_at(Side::kValue, seq, kvh, first + t);
     }
     for (int t0 = 0; t0 < n; t0 += N) {
       const int m = std::min(N, n - t0);
@@ -1006,7 +1004,7 @@ struct Entry {
   static std::size_t scratch_floats(const P& p, int group) { return DecodeKernel<Layout, Exact>(p, group).scratch_floats(); }
   static void run(const P& p, int group, const float* q, const WorkItem& w, float* scratch, float* result) {
     typename DecodeKernel<Layout, Exact>::Item it{result, result + group, result + 2 * group};
-    DecodeKernel<Layout, Exact>(p, group).run(q, w.seq, w.kvh, w.b0, w.b1, w.sink, w.tail, scratch, it);
+    DecodeKernel<Layout, Exact>(p, group).run(q, w.seq, w.kvh, w.b0, w.b1, w.fp, scratch, it);
   }
 };
 }  // namespace kvc::detail::KVC_ISA_NS

@@ -1,8 +1,8 @@
 /// \file append_kernels.cuh
-/// Device side of DeviceKVCache::append: the block compressor, the full-precision window writer and the
+/// Device side of DeviceKVCache::append: the block compressor, the full-precision slot writer and the
 /// input scan. They run the same host+device policy code as the host cache (quantize_group_masked,
 /// BlockFormat::index / group_of, pack_codes), on the same values (the input rounded through the window
-/// storage, as the host's ring holds it), so the stored codes and metadata are bit-identical.
+/// storage, as the host's slots hold it), so the stored codes and metadata are bit-identical.
 #pragma once
 
 #include <kvc/cache/cache_layout.hpp>
@@ -18,14 +18,18 @@ namespace kvc::cuda::detail {
 
 inline constexpr int kAppendThreads = 256;
 
-/// Element (t, c) of token `pos` of one side as the host ring holds it: a token already in the window
-/// (pos < n_before) is read from its row, a new one from the input rounded through the window storage.
+/// Where a row of an append comes from (DeviceKVCache's append plan): src >= 0 is full-precision slot
+/// src as it was before the append, src < 0 is input token -1 - src.
+__host__ __device__ constexpr int input_source(int token) { return -1 - token; }
+
+/// Element c of row source `src` (see input_source) of one side as the host's slots hold it: an old slot
+/// is read from its row, an input token rounded through the window storage.
 template <class Layout>
-__device__ float window_value(const typename Layout::Params& p, Side side, int seq, int head, int pos, int c,
-                              int n_before, const float* in) {
+__device__ float source_value(const typename Layout::Params& p, Side side, int seq, int head, int src, int c,
+                              const float* in) {
   using W = typename Layout::window_t;
-  if (pos < n_before) return StorageTraits<W>::load(p.fp_row(side, seq, head, pos)[c]);
-  const float x = in[(std::size_t(pos - n_before) * p.kv_heads + head) * p.head_dim + c];
+  if (src >= 0) return StorageTraits<W>::load(p.fp_slot_row(side, seq, head, src)[c]);
+  const float x = in[(std::size_t(-1 - src) * p.kv_heads + head) * p.head_dim + c];
   return StorageTraits<W>::load(StorageTraits<W>::store(x));
 }
 
@@ -35,24 +39,24 @@ constexpr std::size_t compress_smem_bytes(int d) {
   return std::size_t(F::kBlockTokens) * d * (sizeof(float) + (F::kIdentity ? 0 : 1));
 }
 
-/// Compresses blocks blk0 + blockIdx.x of KV head blockIdx.y of sequence `seq`, side F::kSide, from the
-/// window / input (see window_value). One CTA per block; groups are quantized one per thread, then the
+/// Compresses blocks blk0 + blockIdx.x of KV head blockIdx.y of sequence `seq`, side F::kSide, row t
+/// from src[blockIdx.x * B + t] (see source_value). One CTA per block; groups are quantized one per thread, then the
 /// codes are packed cooperatively. Block mode without corrections (the cache static_asserts that).
 template <class Layout, class F>
 __global__ void __launch_bounds__(kAppendThreads)
-    compress_blocks_kernel(const __grid_constant__ typename Layout::Params p, int seq, int blk0, int n_before,
-                           const float* __restrict__ in) {
+    compress_blocks_kernel(const __grid_constant__ typename Layout::Params p, int seq, int blk0,
+                           const int* __restrict__ src, const float* __restrict__ in) {
   static_assert(!F::kCorrected, "kvc::cuda: blocks with GEAR corrections go through compress_gear_kernel");
   constexpr int B = F::kBlockTokens;
   constexpr Side side = F::kSide;
   extern __shared__ __align__(16) unsigned char append_smem[];
   unsigned char* smem = append_smem;
   const int d = p.head_dim, head = blockIdx.y, blk = blk0 + blockIdx.x;
-  const int first = Layout::kSink + blk * B;
+  const int* rows = src + std::size_t(blockIdx.x) * B;
   float* x = reinterpret_cast<float*>(smem);
   for (int i = threadIdx.x; i < B * d; i += blockDim.x) {
     const int t = i / d, c = i - t * d;
-    x[i] = window_value<Layout>(p, side, seq, head, first + t, c, n_before, in);
+    x[i] = source_value<Layout>(p, side, seq, head, rows[t], c, in);
   }
   __syncthreads();
   std::byte* dst = side == Side::kKey ? p.key_block(seq, head, blk) : p.value_block(seq, head, blk);
@@ -147,8 +151,8 @@ constexpr std::size_t gear_smem_bytes(int d) {
 /// B x d) for the host-driven power iteration.
 template <class Layout, class F>
 __global__ void __launch_bounds__(kAppendThreads)
-    compress_gear_kernel(const __grid_constant__ typename Layout::Params p, int seq, int blk0, int n_before,
-                         const float* __restrict__ in, float* __restrict__ residual) {
+    compress_gear_kernel(const __grid_constant__ typename Layout::Params p, int seq, int blk0,
+                         const int* __restrict__ src, const float* __restrict__ in, float* __restrict__ residual) {
   using C = typename F::correction;
   static_assert(C::kActive && !F::kIdentity);
   constexpr int B = F::kBlockTokens;
@@ -160,10 +164,10 @@ __global__ void __launch_bounds__(kAppendThreads)
   std::uint8_t* mask = codes + n;
   int* scan = reinterpret_cast<int*>(gear_smem + (std::size_t(n) * (sizeof(float) + 2) + 15) / 16 * 16);
   int* counter = scan + blockDim.x;
-  const int first = Layout::kSink + blk * B;
+  const int* rows = src + std::size_t(blockIdx.x) * B;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const int t = i / d, c = i - t * d;
-    x[i] = window_value<Layout>(p, side, seq, head, first + t, c, n_before, in);
+    x[i] = source_value<Layout>(p, side, seq, head, rows[t], c, in);
     mask[i] = 0;
   }
   __syncthreads();
@@ -225,20 +229,32 @@ __global__ void write_factors_kernel(const __grid_constant__ typename Layout::Pa
   for (int i = threadIdx.x; i < d * r; i += blockDim.x) f[B * r + i] = half_t::from_float(b[item * d * r + i]);
 }
 
-/// Writes the new tokens that stay in full precision (positions n_before + blockIdx.x below the sink's
-/// end or at/after `live_from`) of KV head blockIdx.y into the sink / ring rows, both sides.
+/// The full-precision slot writes of an append, phase 1: row i of KV head blockIdx.y, both sides, from
+/// src[i] (see source_value) into tmp[((i * kv_heads + head) * 2 + side) * d] (blockIdx.x = i). Phase 2
+/// (scatter_slots_kernel) stores them into slots dst[i]: a slot may be both read and written (LogWindow's
+/// compaction), so every read happens before any write.
 template <class Layout>
-__global__ void write_window_kernel(const __grid_constant__ typename Layout::Params p, int seq, int n_before,
-                                    int live_from, const float* __restrict__ k, const float* __restrict__ v) {
-  using W = typename Layout::window_t;
-  const int pos = n_before + blockIdx.x, head = blockIdx.y, d = p.head_dim;
-  if (pos >= Layout::kSink && pos < live_from) return;  // compressed by this append: never read again
-  const std::size_t row = (std::size_t(blockIdx.x) * p.kv_heads + head) * d;
-  W* kr = p.fp_row(Side::kKey, seq, head, pos);
-  W* vr = p.fp_row(Side::kValue, seq, head, pos);
+__global__ void gather_slots_kernel(const __grid_constant__ typename Layout::Params p, int seq,
+                                    const int* __restrict__ src, const float* __restrict__ k,
+                                    const float* __restrict__ v, float* __restrict__ tmp) {
+  const int i = blockIdx.x, head = blockIdx.y, d = p.head_dim;
+  float* out = tmp + (std::size_t(i) * p.kv_heads + head) * 2 * d;
   for (int c = threadIdx.x; c < d; c += blockDim.x) {
-    kr[c] = StorageTraits<W>::store(k[row + c]);
-    vr[c] = StorageTraits<W>::store(v[row + c]);
+    out[c] = source_value<Layout>(p, Side::kKey, seq, head, src[i], c, k);
+    out[d + c] = source_value<Layout>(p, Side::kValue, seq, head, src[i], c, v);
+  }
+}
+template <class Layout>
+__global__ void scatter_slots_kernel(const __grid_constant__ typename Layout::Params p, int seq,
+                                     const int* __restrict__ dst, const float* __restrict__ tmp) {
+  using W = typename Layout::window_t;
+  const int i = blockIdx.x, head = blockIdx.y, d = p.head_dim;
+  const float* in = tmp + (std::size_t(i) * p.kv_heads + head) * 2 * d;
+  W* kr = p.fp_slot_row(Side::kKey, seq, head, dst[i]);
+  W* vr = p.fp_slot_row(Side::kValue, seq, head, dst[i]);
+  for (int c = threadIdx.x; c < d; c += blockDim.x) {  // exact: the values went through W in phase 1
+    kr[c] = StorageTraits<W>::store(in[c]);
+    vr[c] = StorageTraits<W>::store(in[d + c]);
   }
 }
 

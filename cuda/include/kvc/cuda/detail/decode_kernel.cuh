@@ -82,14 +82,14 @@ __device__ __forceinline__ void decode_tile(const std::byte* block, float* tile,
   }
 }
 
-/// Loads full-precision tokens [pos0, pos0 + nt) (sink or ring rows) of one side into tile[t * ld + c].
+/// Loads full-precision tokens [i0, i0 + nt) (storage order: Params::fp_row_at) of one side into tile[t * ld + c].
 template <class Layout, int D>
-__device__ __forceinline__ void load_fp_rows(const typename Layout::Params& p, Side side, int seq, int kvh, int pos0,
+__device__ __forceinline__ void load_fp_rows(const typename Layout::Params& p, Side side, int seq, int kvh, int i0,
                                              int nt, float* tile, int ld) {
   using W = typename Layout::window_t;
   for (int i = threadIdx.x; i < nt * D; i += blockDim.x) {
     const int t = i / D, c = i - t * D;
-    tile[t * ld + c] = StorageTraits<W>::load(p.fp_row(side, seq, kvh, pos0 + t)[c]);
+    tile[t * ld + c] = StorageTraits<W>::load(p.fp_row_at(side, seq, kvh, i0 + t)[c]);
   }
 }
 
@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int kvh = blockIdx.y / chunks, h0 = (blockIdx.y - kvh * chunks) * Heads;
   const int heads = group - h0 < Heads ? group - h0 : Heads;  // query heads of this CTA
   const int qheads = p.kv_heads * group, qrow0 = seq * qheads + kvh * group + h0;
-  const int n = p.lengths[seq], nb = p.quantized_blocks(seq);
+  const int nb = p.quantized_blocks(seq);
   int b0, b1;
   split_blocks(plan, split, nb, &b0, &b1);
 
@@ -213,16 +213,17 @@ __global__ void __launch_bounds__(kDecodeThreads)
     __syncthreads();  // the next chunk overwrites the tiles
   };
 
-  auto fp_span = [&](int from, int to) {  // full-precision tokens [from, to), B at a time
-    for (int pos0 = from; pos0 < to; pos0 += B) {
-      const int nt = to - pos0 < B ? to - pos0 : B;
+  auto fp_tokens = [&] {  // the full-precision tokens (selector storage order), B at a time
+    const int nfp = p.fp_count(seq);
+    for (int i0 = 0; i0 < nfp; i0 += B) {
+      const int nt = nfp - i0 < B ? nfp - i0 : B;
       chunk(nt, [&] {
-        load_fp_rows<Layout, D>(p, Side::kKey, seq, kvh, pos0, nt, kt, S::kKeyLd);
-        load_fp_rows<Layout, D>(p, Side::kValue, seq, kvh, pos0, nt, vt, D);
+        load_fp_rows<Layout, D>(p, Side::kKey, seq, kvh, i0, nt, kt, S::kKeyLd);
+        load_fp_rows<Layout, D>(p, Side::kValue, seq, kvh, i0, nt, vt, D);
       });
     }
   };
-  if (split == 0) fp_span(0, n < Layout::kSink ? n : Layout::kSink);
+  if (split == 0) fp_tokens();
   for (int blk = b0; blk < b1; ++blk) {
     chunk(B, [&] {
       const std::byte* kb = p.key_block(seq, kvh, blk);
@@ -234,7 +235,6 @@ __global__ void __launch_bounds__(kDecodeThreads)
       decode_tile<VF, D>(VF::kIdentity ? vb : smem + S::vraw, vt, D);
     });
   }
-  if (split == 0) fp_span(Layout::kSink + nb * B, n);
 
   const std::size_t splits = std::size_t(gridDim.x);
   for (int h = threadIdx.x; h < heads; h += NT) {
