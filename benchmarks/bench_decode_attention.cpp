@@ -185,6 +185,10 @@ const int registered = [] {
   register_scheme<kvc::schemes::Kivi2>("kivi2", true);
   register_scheme<kvc::schemes::GearKivi4>("gear_kivi4", true);
   register_scheme<kvc::schemes::GearKivi2>("gear_kivi2", true);
+  // LogQuant (W = 42, G = 64) beside KIVI-2 on the same quantizer and full-precision budget.
+  register_scheme<kvc::schemes::LogQuant2>("logquant2");
+  register_scheme<kvc::schemes::LogQuant4>("logquant4");
+  register_scheme<kvc::schemes::Kivi2Budget126>("kivi2_g64_w126");
   // Decode-time compression, block mode vs GEAR's literal mode (Algorithm 1) on the same policies.
   using namespace kvc::schemes;
   register_append_decode<GearKivi2>("gear_kivi2");
@@ -193,6 +197,8 @@ const int registered = [] {
   // GearKivi2 with the 1 % outliers it had before (the speed side of picking s).
   register_scheme<KiviWith<2, 32, 32, 128, kvc::OutlierFilter<100>, kvc::LowRankResidual<kvc::Rank<1>>>>(
       "gear_kivi2_s1");
+  register_append_decode<LogQuant2>("logquant2");  // eviction moves + staging
+  register_append_decode<Kivi2Budget126>("kivi2_g64_w126");
   register_append_decode<Gear4>("gear4");
   register_append_decode<Gear4Literal>("gear4_literal");
   register_append_decode<Gear4Paper>("gear4_paper");
