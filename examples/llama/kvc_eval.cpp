@@ -5,7 +5,7 @@
 //            [--markdown FILE] [--dump-logits DIR [--dump-logits-n N]] [--dump-kv FILE
 //            [--dump-kv-layers 0,15,29]] [--max-delta-ppl name=x,...] [--max-kl name=x,...]
 //            [--expect-worse a:b,...] [--attention fast|exact|reference]
-//            [--no-layer-error] [--list]
+//            [--no-layer-error] [--coverage FILE.json [--coverage-from N]] [--list]
 //
 // --attention: how the engine attends over each scheme's cache (the same cache contents in every mode;
 // every run, the fp32 baseline included, uses the mode):
@@ -15,6 +15,11 @@
 //              layer, redone at every position: the cache's contents attended exactly, so ΔPPL/KL are
 //              the compression's alone. O(T^2) per layer: measured ~15 s per scheme for 512 tokens
 //              (3x fast), 2-4.5 min per scheme for 2048 (est. ~50 min for `--schemes all`)
+//
+// --coverage FILE.json: LogQuant's attention-coverage analysis (coverage.hpp) on the exact run: per
+// layer, the share of attention mass on the tokens LogQuant2 / KIVI at the same budget keep in fp16,
+// over positions t >= --coverage-from (default 256); also writes FILE.md, and LogQuant2's kept positions
+// after 2000 tokens for plot_logquant.py.
 //
 // Metrics per scheme, against the fp32 cache run (the exact reference) on the same tokens:
 //   ppl        exp(mean NLL of token t+1 given tokens <= t), t = 0..T-2
@@ -28,6 +33,7 @@
 // usage or input. (KL is the steadier regression guard: ΔPPL over a few hundred tokens moves by
 // several 1e-2 for perturbations whose KL is ~2e-4, in either direction.)
 #include <llama/bpe.hpp>
+#include <llama/coverage.hpp>
 #include <llama/gguf.hpp>
 #include <llama/llama_model.hpp>
 #include <llama/scheme_registry.hpp>
@@ -43,6 +49,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -65,7 +72,8 @@ struct Options {
   std::string model = default_model_path(), text = "/usr/share/common-licenses/GPL-3";
   int tokens = 2048;
   std::vector<std::string> schemes = {"fp16", "int8", "kivi4", "kivi2"};
-  std::string json, markdown, dump_logits, dump_kv;
+  std::string json, markdown, dump_logits, dump_kv, coverage;
+  int coverage_from = 256;
   int dump_logits_n = 32;
   std::vector<int> dump_kv_layers = {0, 15, 29};
   std::map<std::string, double> max_delta_ppl, max_kl;
@@ -138,6 +146,8 @@ Options parse(int argc, char** argv) {
       if (!mode) usage_error("--attention wants fast, exact or reference, got '" + m + "'");
       o.attention = *mode;
     } else if (a == "--no-layer-error") o.layer_error = false;
+    else if (a == "--coverage") o.coverage = value(i);
+    else if (a == "--coverage-from") o.coverage_from = to_int(value(i));
     else if (a == "--list") {
       for (const SchemeEntry& e : scheme_registry()) std::printf("%-12s %s\n", e.name.c_str(), e.description.c_str());
       std::exit(0);
@@ -359,8 +369,33 @@ int run(const Options& o) {
         dump.layers.push_back({tr.layer, flat(*tr.k), flat(*tr.k_pre_rope), flat(*tr.v), flat(*tr.q)});
       };
     }
+    // LogQuant's attention-coverage analysis (coverage.hpp) on the exact run's attention.
+    std::unique_ptr<CoverageAnalysis> coverage;
+    if (results.empty() && !o.coverage.empty()) {
+      coverage = std::make_unique<CoverageAnalysis>(c, o.tokens, std::min(o.coverage_from, o.tokens - 1));
+      hooks.observe = [&, dump_hook = hooks.observe](const LayerTrace& tr) {
+        if (dump_hook) dump_hook(tr);
+        coverage->observe(tr);
+      };
+    }
     const auto s0 = Clock::now();
     SchemeRun run = e.run(model, tokens, hooks);
+    if (coverage) {
+      coverage->write_json(o.coverage, std::min(2000, o.tokens));
+      std::string md_path = o.coverage;
+      if (md_path.size() > 5 && md_path.substr(md_path.size() - 5) == ".json") md_path.resize(md_path.size() - 5);
+      md_path += ".md";
+      char head[256];
+      std::snprintf(head, sizeof head,
+                    "Attention mass on the full-precision tokens, exact attention of SmolLM2-135M, %d tokens, mean "
+                    "over query heads and positions t >= %d\n\n",
+                    o.tokens, coverage->result().from);
+      const std::string table = head + coverage->markdown();
+      std::ofstream f(md_path);
+      f << table;
+      KVC_CHECK(f.good(), kvc::Errc::kIo, "cannot write '", md_path, "'");
+      std::fprintf(stderr, "  wrote %s and %s\n%s", o.coverage.c_str(), md_path.c_str(), table.c_str());
+    }
     Result r;
     r.name = name;
     r.bits = run.bits_per_element;

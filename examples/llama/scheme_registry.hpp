@@ -101,6 +101,46 @@ using KeyOutliers = kvc::OutlierFilter<BasisPoints, kvc::OutlierScope::kBlock, 0
 template <int BasisPoints>
 using ValueOutliers = kvc::OutlierFilter<0, kvc::OutlierScope::kBlock, BasisPoints>;
 
+/// Ablation: scheme `Lo` on layers [0, Split), `Hi` on layers [Split, L), e.g. to measure how much of a
+/// scheme's loss the early layers cause alone. Accounting sums both caches (bits over all layers).
+template <class Lo, class Hi, int Split>
+class LayerSplitCache {
+ public:
+  explicit LayerSplitCache(const CacheConfig& cfg)
+      : cfg_(cfg), lo_(with_layers(cfg, Split)), hi_(with_layers(cfg, cfg.layers - Split)) {}
+  const CacheConfig& config() const noexcept { return cfg_; }
+  int length(int layer, int seq) const { return layer < Split ? lo_.length(layer, seq) : hi_.length(layer - Split, seq); }
+  void append(int layer, int seq, KVView k, KVView v) {
+    if (layer < Split) lo_.append(layer, seq, k, v);
+    else hi_.append(layer - Split, seq, k, v);
+  }
+  void dequantize(int layer, int seq, float* k, float* v) const {
+    if (layer < Split) lo_.dequantize(layer, seq, k, v);
+    else hi_.dequantize(layer - Split, seq, k, v);
+  }
+  std::size_t stored_bytes() const { return lo_.stored_bytes() + hi_.stored_bytes(); }
+  double bits_per_element() const {
+    const double e = double(lo_.elements() + hi_.elements());
+    return e > 0 ? 8.0 * double(stored_bytes()) / e : 0.0;
+  }
+  /// The engine's unqualified decode_attention(cache, layer, ...) finds this overload.
+  friend void decode_attention(const LayerSplitCache& c, int layer, QueryView q, OutputView out,
+                               const AttentionOptions& opt = {}) {
+    if (layer < Split) kvc::decode_attention(c.lo_, layer, q, out, opt);
+    else kvc::decode_attention(c.hi_, layer - Split, q, out, opt);
+  }
+
+ private:
+  static CacheConfig with_layers(CacheConfig c, int layers) {
+    KVC_CHECK(layers > 0, Errc::kInvalidArgument, "LayerSplitCache: split ", Split, " leaves no layers");
+    c.layers = layers;
+    return c;
+  }
+  CacheConfig cfg_;
+  Lo lo_;
+  Hi hi_;
+};
+
 /// Every scheme kvc-eval knows, in a stable order. The first entry is the exact reference.
 inline const std::vector<SchemeEntry>& scheme_registry() {
   using namespace kvc::schemes;
@@ -123,6 +163,23 @@ inline const std::vector<SchemeEntry>& scheme_registry() {
                               FullPrecisionWindow<128, 4>>>("kivi2-sink4",
                                                             "KIVI 2-bit with a 4-token attention sink kept in fp16"),
       entry<Kivi<1>>("kivi1", "KIVI 1-bit, group 32, 128-token fp16 window"),
+      // LogQuant (SPEC §4): the log-distributed fp16 set of <= 3W tokens instead of the newest R, beside
+      // KIVI on the same quantizer (G = 64) and budget (R = 126 = 3 x 42).
+      entry<LogQuant2>("logquant2", "LogQuant 2-bit: G 64, log set W = 42 (<= 126 fp16 tokens) + staged evictions"),
+      entry<LogQuant4>("logquant4", "LogQuant 4-bit: G 64, log set W = 42"),
+      entry<LogQuant<2, 42, 32>>("logquant2-g32", "LogQuant 2-bit with 32-token groups/blocks, W = 42"),
+      entry<LogQuant<2, 21>>("logquant2-w21", "LogQuant 2-bit, G 64, W = 21 (<= 63 fp16 tokens in the set)"),
+      entry<Kivi2Budget126>("kivi2-g64-w126", "KIVI 2-bit on LogQuant2's quantizer and budget: G 64, 126-token window"),
+      entry<Kivi<4, 64, 126>>("kivi4-g64-w126", "KIVI 4-bit, G 64, 126-token window (LogQuant4's side-by-side)"),
+      entry<CompressedKVCache<keys<GroupQuantizer<2, 64, Axis::kChannel>>, values<GroupQuantizer<2, 64, Axis::kToken>>,
+                              FullPrecisionWindow<125, 1>>>(
+          "kivi2-g64-w125-sink1", "kivi2-g64-w126 with position 0 kept instead of one window token (the sink LogQuant keeps)"),
+      // Where the loss comes from: the scheme on layers 0-11 only (diffuse attention: both sets cover
+      // about the same mass there, README) or on 12-29 only, fp16 elsewhere.
+      entry<LayerSplitCache<LogQuant2, Fp16, 12>>("logquant2-l0-11", "logquant2 on layers 0-11, fp16 on 12-29"),
+      entry<LayerSplitCache<Fp16, LogQuant2, 12>>("logquant2-l12-29", "fp16 on layers 0-11, logquant2 on 12-29"),
+      entry<LayerSplitCache<Kivi2Budget126, Fp16, 12>>("kivi2-g64-w126-l0-11", "kivi2-g64-w126 on layers 0-11 only"),
+      entry<LayerSplitCache<Fp16, Kivi2Budget126, 12>>("kivi2-g64-w126-l12-29", "kivi2-g64-w126 on layers 12-29 only"),
       entry<Gear4>("gear4", "GEAR (paper): per-block 4-bit, 2 % outliers, rank rho 2 %, 64-token blocks"),
       entry<Gear4Literal>("gear4-literal", "gear4 in literal mode (Algorithm 1: history recompressed every 64 tokens)"),
       entry<Gear4Paper>("gear4-paper", "gear4 literal mode with outliers over each head's whole history (paper mode)"),
