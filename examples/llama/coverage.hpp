@@ -26,8 +26,8 @@ struct CoverageSet {
 };
 
 namespace detail {
-/// The full-precision rows of Sel with B-token blocks: rows [quantized_blocks * B, n) in storage order,
-/// the first `limit` of them (limit < 0: all; LogWindow's set without its staging rows: kept_count).
+/// The positions Sel (B-token blocks) keeps in full precision with n tokens: the rows after its quantized
+/// blocks in storage order; SetOnly: LogWindow's set alone, without its staging rows (kept_count of them).
 template <class Sel, int B, bool SetOnly = false>
 void fill_selector(int n, std::vector<unsigned char>& keep) {
   std::vector<int> pos(static_cast<std::size_t>(n));

@@ -250,10 +250,6 @@ struct CacheLayout {
     KVC_HOST_DEVICE window_t* fp_row_at(Side side, int seq, int head, int i) const noexcept {
       return fp_slot_row(side, seq, head, Sel::fp_slot(lengths[seq], i, B));
     }
-    /// Window selectors only: the row of token `pos` while it is full precision (a sink or ring token).
-    KVC_HOST_DEVICE window_t* fp_row(Side side, int seq, int head, int pos) const noexcept {
-      return fp_slot_row(side, seq, head, Sel::slot_of(pos, B));
-    }
   };
   static_assert(std::is_trivially_copyable_v<Params>, "kvc: CacheLayout::Params must be trivially copyable");
 };
