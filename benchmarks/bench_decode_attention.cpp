@@ -188,6 +188,7 @@ const int registered = [] {
   // LogQuant (W = 42, G = 64) beside KIVI-2 on the same quantizer and full-precision budget.
   register_scheme<kvc::schemes::LogQuant2>("logquant2");
   register_scheme<kvc::schemes::LogQuant4>("logquant4");
+  register_scheme<kvc::schemes::PartialLogQuant2>("partiallogquant2");  // + quantized value rows
   register_scheme<kvc::schemes::Kivi2Budget126>("kivi2_g64_w126");
   // Decode-time compression, block mode vs GEAR's literal mode (Algorithm 1) on the same policies.
   using namespace kvc::schemes;
@@ -198,6 +199,7 @@ const int registered = [] {
   register_scheme<KiviWith<2, 32, 32, 128, kvc::OutlierFilter<100>, kvc::LowRankResidual<kvc::Rank<1>>>>(
       "gear_kivi2_s1");
   register_append_decode<LogQuant2>("logquant2");  // eviction moves + staging
+  register_append_decode<PartialLogQuant2>("partiallogquant2");
   register_append_decode<Kivi2Budget126>("kivi2_g64_w126");
   register_append_decode<Gear4>("gear4");
   register_append_decode<Gear4Literal>("gear4_literal");

@@ -64,11 +64,14 @@ using Kivi2G16 = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<2, 32, Axi
                                         kvc::FullPrecisionWindow<32, 4>>;
 /// LogQuant (LogWindow selector): the paper's configurations, and small windows whose evictions cross
 /// block boundaries often: W < B (several eviction events per block) and W > B (one event fills
-/// one or two blocks), 3-bit for the float-free int-dot path on odd bits.
+/// one or two blocks), 3-bit for the float-free int-dot path on odd bits (as PartialW40 below).
 using LogQuant2 = kvc::schemes::LogQuant2;
 using LogQuant4 = kvc::schemes::LogQuant4;
 using LogW3 = kvc::schemes::LogQuant<2, 3, 32>;
-using LogW40 = kvc::schemes::LogQuant<3, 40, 32>;
+/// PartialLogQuant (keys LogWindow, values a plain window): the paper's configuration (W = 64 = G) and a
+/// 3-bit W > B one (an eviction event fills a block and a part; values quantized as rows then blocks).
+using PartialLogQuant2 = kvc::schemes::PartialLogQuant2;
+using PartialW40 = kvc::schemes::PartialLogQuant<3, 40, 32>;
 /// GEAR's corrections on a LogQuant backbone (selectors and corrections compose).
 using LogGear = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<2, 32, Axis::kChannel>>,
                                        kvc::values<kvc::GroupQuantizer<2, 32, Axis::kToken>>, kvc::LogWindow<5>,
@@ -104,8 +107,9 @@ template <> inline constexpr const char* scheme_name<sch::Kivi2G16> = "Kivi2G16"
 template <> inline constexpr const char* scheme_name<sch::LogQuant2> = "LogQuant2";
 template <> inline constexpr const char* scheme_name<sch::LogQuant4> = "LogQuant4";
 template <> inline constexpr const char* scheme_name<sch::LogW3> = "LogW3";
-template <> inline constexpr const char* scheme_name<sch::LogW40> = "LogW40";
 template <> inline constexpr const char* scheme_name<sch::LogGear> = "LogGear";
+template <> inline constexpr const char* scheme_name<sch::PartialLogQuant2> = "PartialLogQuant2";
+template <> inline constexpr const char* scheme_name<sch::PartialW40> = "PartialW40";
 
 /// gtest name generator for typed suites over cache schemes.
 struct SchemeNames {
@@ -286,7 +290,8 @@ Filled<Cache> make_filled(int layers, int kv_heads, int d, const std::vector<int
 // ------------------------------------------------------------------------------------------------
 /// For every element of (layer, seq): is it in a quantized block, and its stored group's step.
 struct ElementInfo {
-  std::vector<unsigned char> quantized;  // [T][H][d]
+  std::vector<unsigned char> quantized;    // [T][H][d] (keys; values too, except v_quantized's extra rows)
+  std::vector<unsigned char> v_quantized;  // values: blocks and PartialLogWindow's quantized value rows
   std::vector<float> k_step, v_step;     // 0 for full-precision tokens and identity blocks
   std::vector<float> k_lo, v_lo;
 };
@@ -328,6 +333,24 @@ ElementInfo element_info(const Cache& cache, int layer, int seq) {
         block_meta<typename Cache::value_format>(p.value_block(seq, h, blk), t, c, d, e.v_lo[i], e.v_step[i]);
       }
   }
+  e.v_quantized = e.quantized;
+  if constexpr (Cache::layout::kQuantizedFpValues) {
+    using RF = typename Cache::layout::value_row_format;
+    for (int i = 0; i < n - nb * B; ++i) {
+      if (!p.fp_value_quantized(seq, i)) continue;
+      const int pos = where[std::size_t(nb * B + i)];
+      for (int h = 0; h < H; ++h) {
+        const kvc::half_t* m = RF::lo(p.value_row_at(seq, h, i), d);
+        for (int c = 0; c < d; ++c) {
+          const std::size_t at = (std::size_t(pos) * H + h) * d + c;
+          const int g = c / RF::group_channels(d);
+          e.v_quantized[at] = 1;
+          e.v_lo[at] = m[g].to_float();
+          e.v_step[at] = m[RF::groups(d) + g].to_float();
+        }
+      }
+    }
+  }
   return e;
 }
 
@@ -355,7 +378,7 @@ ErrorBounds<Cache> error_bounds(const Cache& cache, int layer, int seq, const KV
   for (std::size_t i = 0; i < e.quantized.size(); ++i) {
     b.k[i] = one(orig.k[i], e.quantized[i], e.k_lo[i], e.k_step[i], Cache::key_format::kBits,
                  Cache::key_format::kIdentity, KE{});
-    b.v[i] = one(orig.v[i], e.quantized[i], e.v_lo[i], e.v_step[i], Cache::value_format::kBits,
+    b.v[i] = one(orig.v[i], e.v_quantized[i], e.v_lo[i], e.v_step[i], Cache::value_format::kBits,
                  Cache::value_format::kIdentity, VE{});
   }
   return b;

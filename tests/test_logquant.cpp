@@ -4,6 +4,7 @@
 // each token quantized exactly once (blocks never rewritten); prefill-then-decode equals decode-only;
 // fused attention against the double oracle on the reconstructed cache (GQA 1/3/4, head dims 64/128,
 // ragged batches, lengths around every eviction and block boundary); accounting; bad input.
+// PartialLogQuant: values leave a plain window of W into quantized token rows, each quantized once.
 #include "test_util.hpp"
 
 #include <set>
@@ -13,7 +14,12 @@ namespace {
 
 using namespace kvc_test;
 
-using LogSchemes = ::testing::Types<sch::LogQuant2, sch::LogQuant4, sch::LogW3, sch::LogW40, sch::LogGear>;
+// LogWindow with W > B is PartialW40's key side; the PartialLogQuant schemes add quantized value rows.
+using LogSchemes = ::testing::Types<sch::LogQuant2, sch::LogQuant4, sch::LogW3, sch::PartialW40, sch::PartialLogQuant2,
+                                    sch::LogGear>;
+
+template <class Sel>
+constexpr bool kPartial = kvc::detail::selector_quantizes_values<Sel>();
 
 template <class Cache>
 class LogQuantCache : public ::testing::Test {
@@ -135,6 +141,15 @@ TYPED_TEST(LogQuantCache, StorageFollowsAlgorithm1AndEachTokenIsQuantizedOnce) {
       ASSERT_LE(std::fabs(dq.v[i] - orig.v[i]), bound.v[i]) << "value element " << i << " after token " << t;
     }
     ASSERT_EQ(dq.k[0], storage_round<typename Cache::window_t>(x.k[0])) << "position 0 stays full precision";
+    if constexpr (kPartial<Sel>) {  // the newest ValueWindow values exact, every older one quantized
+      for (int pos = 0; pos < n; ++pos)
+        for (int h = 0; h < H; ++h) {
+          const std::size_t i = (std::size_t(pos) * H + h) * d;
+          ASSERT_EQ(bool(info.v_quantized[i]), pos < n - Sel::kValueWindow) << "value " << pos << " after token " << t;
+          if (!info.v_quantized[i])
+            ASSERT_EQ(dq.v[i], storage_round<typename Cache::window_t>(orig.v[i])) << "value " << pos;
+        }
+    }
     while (int(blocks.size()) < nb) blocks.push_back(block_bytes(int(blocks.size())));
     for (int b = 0; b < nb; ++b) ASSERT_EQ(block_bytes(b), blocks[std::size_t(b)]) << "block " << b << " rewritten";
   }
@@ -211,8 +226,16 @@ TYPED_TEST(LogQuantCache, AccountingCountsBlocksSetAndStaging) {
     const int nb = Sel::quantized_blocks(n, B);
     const std::size_t fp = std::size_t(Sel::kept_count(n)) + std::size_t(Sel::evicted_count(n) - nb * B);
     ASSERT_EQ(fp, std::size_t(n - nb * B));
+    // PartialLogQuant: fp16 keys, fp16 values for the newest W only, the other values as token rows of
+    // d * bits codes and an fp16 (lo, step) per value group, padded to 4 bytes.
+    std::size_t exact = fp, row = 0;
+    if constexpr (kPartial<Sel>) {
+      using VQ = typename Cache::value_quantizer;
+      exact = std::min<std::size_t>(fp, std::size_t(Sel::kValueWindow));
+      row = (std::size_t(d) * VQ::kBits / 8 + 4 * std::size_t(d / VQ::kGroupChannels) + 3) / 4 * 4;
+    }
     want += std::size_t(H) * (nb * (Cache::key_format::block_bytes(d) + Cache::value_format::block_bytes(d)) +
-                              fp * 2 * d * sizeof(typename Cache::window_t));
+                              (fp + exact) * d * sizeof(typename Cache::window_t) + (fp - exact) * row);
   }
   EXPECT_EQ(f.cache->stored_bytes(), want);
   EXPECT_EQ(f.cache->decode_read_bytes(0), want);
@@ -238,6 +261,56 @@ TYPED_TEST(LogQuantCache, BadInputLeavesTheCacheUnchanged) {
   EXPECT_TRUE(same_state(before, snapshot(c)));
   c.append(0, 0, x.kview(3 * W - 1, T - 3 * W + 1), x.vview(3 * W - 1, T - 3 * W + 1));  // still usable
   EXPECT_EQ(c.length(0, 0), T);
+}
+
+/// PartialLogQuant: once a value leaves its window its reconstruction never changes again (quantized
+/// once: the row's codes, then the block's identical ones), while its key stays full precision as long
+/// as LogWindow keeps it; keys and values of the same token live in the same stored row.
+template <class Cache>
+void expect_values_quantized_once() {
+  using Sel = typename Cache::selector;
+  constexpr int W = Sel::kWindow, B = Cache::kBlockTokens;
+  for (int prefill : {0, 1, W + 1, 3 * W + 2}) {
+  const int H = 2, d = 64, T = 3 * W + 3 * B + W + 7;
+  const KV x = random_kv(T, H, d, 61);
+  Cache c(kvc::CacheConfig{1, 1, H, d, T});
+  std::vector<std::vector<float>> frozen(static_cast<std::size_t>(T));  // value rows as first quantized
+  c.append(0, 0, x.kview(0, prefill), x.vview(0, prefill));
+  for (int n = prefill; n <= T; ++n) {
+    if (n > prefill) c.append(0, 0, x.kview(n - 1, 1), x.vview(n - 1, 1));
+    const auto dq = dequantize(c, 0, 0);
+    const auto info = element_info(c, 0, 0);
+    for (int pos = 0; pos < n - Sel::kValueWindow; ++pos) {
+      const std::size_t i = std::size_t(pos) * H * d;
+      ASSERT_TRUE(info.v_quantized[i]);
+      std::vector<float> row(dq.v.begin() + std::ptrdiff_t(i), dq.v.begin() + std::ptrdiff_t(i + std::size_t(H) * d));
+      auto& f = frozen[std::size_t(pos)];
+      if (f.empty()) f = row;
+      ASSERT_TRUE(bytes_equal(row, f)) << "value " << pos << " changed after " << n << " tokens (prefill " << prefill << ")";
+    }
+  }
+  }
+}
+TEST(PartialLogQuant, EachValueIsQuantizedOnceWhenItLeavesItsWindow) {
+  expect_values_quantized_once<sch::PartialW40>();
+  expect_values_quantized_once<kvc::schemes::PartialLogQuant<2, 3, 32>>();
+  expect_values_quantized_once<kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<4, 32, kvc::Axis::kChannel>>,
+                                                      kvc::values<kvc::UniformQuantizer<3, kvc::Scope::kToken>>,
+                                                      kvc::PartialLogWindow<5, 0>>>();  // no value window
+}
+
+TEST(PartialLogQuant, PaperBudgetAndBits) {
+  // W = floor(R / 2) = 64 for R = 128: at most 3W = 192 fp16 keys and W = 64 fp16 values, i.e. no more
+  // fp16 rows than KIVI's 2R; at 2048 tokens (head dim 64) that is exactly as many bytes as KIVI-2 with
+  // the 126-token budget and LogQuant2 (192 + 64 fp16 rows + 128 value rows vs 2 x 128 fp16 rows, one
+  // block fewer).
+  using PL = kvc::schemes::PartialLogQuant2;
+  static_assert(PL::selector::kValueWindow == 64 && PL::selector::kCapacity == 192);
+  static_assert(PL::layout::exact_fp_values(2048) == 64 && PL::selector::kept_count(2048) == 192);
+  const auto a = make_filled<PL>(1, 3, 64, {2048}, 71);
+  const auto b = make_filled<kvc::schemes::Kivi2Budget126>(1, 3, 64, {2048}, 71);
+  EXPECT_GT(a.cache->bits_per_element(), 2.0);
+  EXPECT_LE(a.cache->bits_per_element(), b.cache->bits_per_element());
 }
 
 TEST(LogQuantSchemes, SameQuantizerAndBudgetAsTheKiviBaseline) {

@@ -150,6 +150,7 @@ int main(int argc, char** argv) {
   register_scheme<kvc::schemes::Kivi2>("kivi2", T, B);
   // LogQuant beside KIVI-2 on its quantizer and budget (G = 64, 126 fp16 tokens).
   register_scheme<kvc::schemes::LogQuant2>("logquant2", T, B);
+  register_scheme<kvc::schemes::PartialLogQuant2>("partiallogquant2", T, B);
   register_scheme<kvc::schemes::Kivi2Budget126>("kivi2_g64_w126", T, B);
   // GEAR's device append fits one rank-1 residual per block through cuBLAS/cuSOLVER: built for the
   // shorter shapes only.

@@ -39,6 +39,14 @@ using LogQuant = CompressedKVCache<keys<GroupQuantizer<Bits, Group, Axis::kChann
 /// in the set, plus up to 63 staged).
 using LogQuant2 = LogQuant<2>;
 using LogQuant4 = LogQuant<4>;
+/// PartialLogQuant (SPEC §4.3): keys keep LogQuant's log-distributed set of at most 3W tokens, values only
+/// the newest W (PartialLogWindow); a value leaving its window is quantized per token into a row beside
+/// its fp16 key, and its block later holds the same codes. The paper's W = floor(R / 2) = 64 for
+/// R = 128: at most 3W = 192 fp16 keys and W = 64 fp16 values (<= 2R rows), plus up to G - 1 staged keys.
+template <int Bits, int W = 64, int Group = 64>
+using PartialLogQuant = CompressedKVCache<keys<GroupQuantizer<Bits, Group, Axis::kChannel>>,
+                                          values<GroupQuantizer<Bits, Group, Axis::kToken>>, PartialLogWindow<W>>;
+using PartialLogQuant2 = PartialLogQuant<2>;
 /// KIVI-2 on LogQuant2's quantizer and budget for the side-by-side: G = 64 groups and blocks, the newest
 /// 126 tokens in fp16 (plus up to 63 not yet in a block), same bits per quantized element.
 using Kivi2Budget126 = Kivi<2, 64, 126>;

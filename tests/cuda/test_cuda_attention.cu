@@ -90,8 +90,10 @@ using Cases = ::testing::Types<
     // every scheme at 128
     Case<sch::Bf16, 128>, Case<sch::Fp32, 128>, Case<sch::Int8, 128>, Case<sch::Kivi4, 128>, Case<sch::Kivi2, 128>,
     Case<sch::GearKivi2, 128>, Case<sch::Gear4, 128>, Case<sch::OutlierQuant4, 64>,
-    // LogQuant: blocks in eviction order + the log set and staging rows (fp_row_at)
-    Case<sch::LogQuant2, 64>, Case<sch::LogQuant2, 128>, Case<sch::LogW3, 128>, Case<sch::LogW40, 64>,
+    // LogQuant: blocks in eviction order + the log set and staging rows (fp_row_at); PartialLogQuant's
+    // quantized value rows (fp_element)
+    Case<sch::LogQuant2, 64>, Case<sch::LogQuant2, 128>, Case<sch::LogW3, 128>, Case<sch::PartialW40, 64>,
+    Case<sch::PartialLogQuant2, 64>,
     // 16-bit queries
     Case<sch::Fp16, 128, kvc::half_t>, Case<sch::Kivi2, 128, kvc::half_t>, Case<sch::Bf16, 128, kvc::bfloat16_t>,
     Case<sch::Kivi4, 128, kvc::bfloat16_t>>;

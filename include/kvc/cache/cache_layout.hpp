@@ -12,6 +12,8 @@
 ///  - full-precision rows: Sel::fp_slots(B) token-major rows of selector storage W (fp16 by default);
 ///            the selector says which slot holds the i-th full-precision token (a window: the sink,
 ///            then a ring; LogWindow: the log set, then a staging area);
+///  - quantized value rows (PartialLogWindow only): one TokenRowFormat row per full-precision slot, for
+///            the values that left the selector's value window while their keys stay full precision;
 ///  - stream outliers (GEAR's OutlierScope::kStream only): the outliers of all blocks as one table,
 ///            [uint16 in-block index x cap][fp16 value x cap], ascending by (block, index), and
 ///            [uint32 x (capacity_blocks + 1)] start offsets, block b's entries at [off[b], off[b+1]).
@@ -176,6 +178,74 @@ struct BlockFormat {
   }
 };
 
+/// One token's values quantized on their own, outside any block (PartialLogWindow: a value that left
+/// its window while its key is still full precision): [codes: d x kBits bits, dense, code c at bits
+/// [c * kBits, (c + 1) * kBits)][lo x G][step x G] (fp16, G = d / group_channels), padded to 4 bytes.
+/// The groups are the block format's per-token groups (quantize_group_masked over 1 x gc), so a block
+/// later quantized from the same row holds the same codes and metadata, and decode() rounds like
+/// BlockFormat::decode. Per-token quantizers only. Host+device.
+template <Quantizer Q>
+struct TokenRowFormat {
+  static_assert(!Q::kIsIdentity && Q::kGroupTokens == 1, "kvc::TokenRowFormat: per-token quantizers only");
+  static constexpr int kBits = Q::kBits;
+  KVC_HOST_DEVICE static constexpr int group_channels(int d) noexcept {
+    return Q::kGroupChannels == 0 ? d : Q::kGroupChannels;
+  }
+  KVC_HOST_DEVICE static constexpr int groups(int d) noexcept { return d / group_channels(d); }
+  KVC_HOST_DEVICE static constexpr std::size_t code_bytes(int d) noexcept {
+    return (std::size_t(d) * kBits + 7u) / 8u;
+  }
+  KVC_HOST_DEVICE static constexpr std::size_t bytes(int d) noexcept {
+    return (meta_offset(d) + 2u * sizeof(half_t) * std::size_t(groups(d)) + 3u) / 4u * 4u;
+  }
+  KVC_HOST_DEVICE static constexpr std::size_t meta_offset(int d) noexcept { return (code_bytes(d) + 1u) / 2u * 2u; }
+  KVC_HOST_DEVICE static const half_t* lo(const std::byte* row, int d) noexcept {
+    return reinterpret_cast<const half_t*>(row + meta_offset(d));
+  }
+  /// Quantizes x[0, d) into `row` (bytes(d) bytes).
+  KVC_HOST_DEVICE static void quantize(const float* x, int d, std::byte* row) noexcept {
+    auto* codes = reinterpret_cast<std::uint8_t*>(row);
+    for (std::size_t i = 0; i < code_bytes(d); ++i) codes[i] = 0;
+    auto* meta = const_cast<half_t*>(lo(row, d));
+    const int gc = group_channels(d), ng = groups(d);
+    for (int g = 0; g < ng; ++g) {
+      const int c0 = g * gc;
+      auto put = [&](int, int c, std::uint8_t code) {
+        const int bit = (c0 + c) * kBits, at = bit >> 3, sh = bit & 7;
+        codes[at] = static_cast<std::uint8_t>(codes[at] | (code << sh));
+        if (sh + kBits > 8) codes[at + 1] = static_cast<std::uint8_t>(codes[at + 1] | (code >> (8 - sh)));
+      };
+      const QuantMeta m = quantize_group_masked<typename Q::codec>(
+          1, gc, kBits, [&](int, int c) { return x[c0 + c]; }, put, [](int, int) { return true; });
+      meta[g] = m.lo;
+      meta[ng + g] = m.step;
+    }
+  }
+  KVC_HOST_DEVICE static int code_at(const std::byte* row, int c) noexcept {
+    const auto* codes = reinterpret_cast<const std::uint8_t*>(row);
+    const int bit = c * kBits, at = bit >> 3, sh = bit & 7;
+    unsigned v = codes[at] >> sh;
+    if (sh + kBits > 8) v |= unsigned(codes[at + 1]) << (8 - sh);
+    return int(v & ((1u << kBits) - 1u));
+  }
+  /// Reconstructed element c.
+  KVC_HOST_DEVICE static float decode(const std::byte* row, int c, int d) noexcept {
+    const int g = c / group_channels(d);
+    const half_t* m = lo(row, d);
+    const Affine a = Q::codec::affine(QuantMeta{m[g], m[groups(d) + g]});
+    return mul_add_rounded(a.scale, static_cast<float>(code_at(row, c)), a.zero);
+  }
+};
+
+namespace detail {
+/// Whether selector S keeps some full-precision tokens' values as quantized rows (PartialLogWindow).
+template <class S>
+constexpr bool selector_quantizes_values() {
+  if constexpr (requires { S::kQuantizedValues; }) return S::kQuantizedValues;
+  else return false;
+}
+}  // namespace detail
+
 /// One block's share of a stream-scope outlier table (gear/outlier_filter.hpp's entry format).
 struct OutlierSlice {
   const std::uint16_t* idx;
@@ -195,6 +265,20 @@ struct CacheLayout {
   using window_t = typename Sel::storage;
   static constexpr int kBlockTokens = B;
   static constexpr int kFpSlots = Sel::fp_slots(B);  ///< full-precision rows per stream and side
+  /// PartialLogWindow: full-precision slots also hold a quantized value row (value_row_format).
+  static constexpr bool kQuantizedFpValues = detail::selector_quantizes_values<Sel>();
+  using value_row_format = std::conditional_t<kQuantizedFpValues, TokenRowFormat<VQ>, void>;
+  /// Bytes of one slot's quantized value row (0 without).
+  KVC_HOST_DEVICE static constexpr std::size_t value_row_bytes(int d) noexcept {
+    if constexpr (kQuantizedFpValues) return value_row_format::bytes(d);
+    else return 0;
+  }
+  /// Full-precision tokens whose value is exact with n tokens (the others are quantized rows).
+  KVC_HOST_DEVICE static constexpr int exact_fp_values(int n) noexcept {
+    const int fp = n - Sel::quantized_blocks(n, B) * B;
+    if constexpr (kQuantizedFpValues) return Sel::exact_values(n, B) < fp ? Sel::exact_values(n, B) : fp;
+    else return fp;
+  }
   using stream_outliers = StreamOutliers;
   static constexpr bool kStreamOutliers = !std::is_void_v<StreamOutliers>;
   template <bool Keys>
@@ -223,6 +307,7 @@ struct CacheLayout {
     std::uint32_t* v_out_off;
     std::uint16_t* v_out_idx;
     half_t* v_out_val;
+    std::byte* v_fq = nullptr;  ///< [batch][kv_heads][kFpSlots] quantized value rows (kQuantizedFpValues only)
 
     KVC_HOST_DEVICE int stream(int seq, int head) const noexcept { return seq * kv_heads + head; }
     /// Block `blk`'s stream-scope outliers of one side (only with kStreamOutliers on that side).
@@ -249,6 +334,26 @@ struct CacheLayout {
     /// Row of the i-th full-precision token of (seq, head), i < fp_count(seq) (storage order).
     KVC_HOST_DEVICE window_t* fp_row_at(Side side, int seq, int head, int i) const noexcept {
       return fp_slot_row(side, seq, head, Sel::fp_slot(lengths[seq], i, B));
+    }
+    /// Whether the i-th full-precision token of `seq` keeps only a quantized value row.
+    KVC_HOST_DEVICE bool fp_value_quantized(int seq, int i) const noexcept {
+      if constexpr (kQuantizedFpValues) return Sel::value_quantized(lengths[seq], i, B);
+      else return false;
+    }
+    /// Quantized value row of full-precision slot `slot` (kQuantizedFpValues only).
+    KVC_HOST_DEVICE std::byte* value_row_slot(int seq, int head, int slot) const noexcept {
+      return v_fq + (std::size_t(stream(seq, head)) * kFpSlots + slot) * value_row_bytes(head_dim);
+    }
+    KVC_HOST_DEVICE const std::byte* value_row_at(int seq, int head, int i) const noexcept {
+      return value_row_slot(seq, head, Sel::fp_slot(lengths[seq], i, B));
+    }
+    /// Element c of the i-th full-precision token of one side, as attention sees it (slow path: the
+    /// CUDA tile loader, dequantize()).
+    KVC_HOST_DEVICE float fp_element(Side side, int seq, int head, int i, int c) const noexcept {
+      if constexpr (kQuantizedFpValues)
+        if (side == Side::kValue && fp_value_quantized(seq, i))
+          return value_row_format::decode(value_row_at(seq, head, i), c, head_dim);
+      return StorageTraits<window_t>::load(fp_row_at(side, seq, head, i)[c]);
     }
   };
   static_assert(std::is_trivially_copyable_v<Params>, "kvc: CacheLayout::Params must be trivially copyable");

@@ -87,6 +87,7 @@ class CompressedKVCache {
     v_blocks_ = AlignedBuffer<std::byte>(streams * cap_blocks_ * value_format::block_bytes(cfg.head_dim));
     k_fp_ = AlignedBuffer<window_t>(streams * layout::kFpSlots * d);
     v_fp_ = AlignedBuffer<window_t>(streams * layout::kFpSlots * d);
+    v_fq_ = AlignedBuffer<std::byte>(streams * layout::kFpSlots * layout::value_row_bytes(cfg.head_dim));
     lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
     if constexpr (layout::kKeyStreamOutliers) k_out_ = OutlierTable(streams, cap_blocks_, out_cap_);
     if constexpr (layout::kValueStreamOutliers) v_out_ = OutlierTable(streams, cap_blocks_, out_cap_);
@@ -160,12 +161,15 @@ class CompressedKVCache {
                        self->k_out_.values(s0),
                        self->v_out_.offsets(s0),
                        self->v_out_.indices(s0),
-                       self->v_out_.values(s0)};
+                       self->v_out_.values(s0),
+                       layout::kQuantizedFpValues
+                           ? self->v_fq_.data() + s0 * layout::kFpSlots * layout::value_row_bytes(cfg_.head_dim)
+                           : nullptr};
   }
 
   /// Bytes holding live data of one layer: codes, fp16 scales and zeros (lo, step), block padding,
-  /// correction regions, stream-scope outlier entries with their block offsets, sink and window
-  /// tokens. One fused decode step over the layer reads exactly these bytes.
+  /// correction regions, stream-scope outlier entries with their block offsets, full-precision tokens
+  /// (PartialLogWindow: their quantized value rows where the value left its window). One fused decode step over the layer reads exactly these bytes.
   [[nodiscard]] std::size_t stored_bytes(int layer) const {
     check_index(layer, 0);
     return rules::stored_bytes(cfg_, lengths_.data() + std::size_t(layer) * cfg_.batch);
@@ -192,7 +196,7 @@ class CompressedKVCache {
   /// Bytes reserved for the configured capacity.
   [[nodiscard]] std::size_t allocated_bytes() const {
     return k_blocks_.size() + v_blocks_.size() +
-           (k_fp_.size() + v_fp_.size()) * sizeof(window_t) +
+           (k_fp_.size() + v_fp_.size()) * sizeof(window_t) + v_fq_.size() +
            k_out_.bytes() + v_out_.bytes() + lengths_.size() * sizeof(int);
   }
 
@@ -217,8 +221,10 @@ class CompressedKVCache {
       }
       for (int i = 0; i < n - nb * B; ++i) {
         const std::size_t row = (std::size_t(pos[std::size_t(nb) * B + i]) * H + h) * d;
-        convert(p.fp_row_at(Side::kKey, seq, h, i), k + row, std::size_t(d));
-        convert(p.fp_row_at(Side::kValue, seq, h, i), v + row, std::size_t(d));
+        for (int c = 0; c < d; ++c) {
+          k[row + c] = p.fp_element(Side::kKey, seq, h, i, c);
+          v[row + c] = p.fp_element(Side::kValue, seq, h, i, c);
+        }
       }
     }
   }
@@ -231,7 +237,9 @@ class CompressedKVCache {
 
   /// What selector::append_token does to one sequence, applied to every KV head and both sides:
   /// write(slot) stores input token `token`, move(from, to) copies a slot's rows, compress(blk, slot_of)
-  /// quantizes block blk from the slots slot_of(0..B-1) (LiteralMode: stashes them for the flush).
+  /// quantizes block blk from the slots slot_of(0..B-1) (LiteralMode: stashes them for the flush),
+  /// quantize_value(slot) quantizes the slot's value into its quantized value row (PartialLogWindow; the
+  /// fp16 row stays in the slot, unread by attention, as the source of the block's identical codes).
   struct AppendOps {
     CompressedKVCache& c;
     const params_type& p;
@@ -252,6 +260,20 @@ class CompressedKVCache {
       for (int h = 0; h < c.cfg_.kv_heads; ++h)
         for (Side side : {Side::kKey, Side::kValue})
           std::copy_n(p.fp_slot_row(side, seq, h, from), d, p.fp_slot_row(side, seq, h, to));
+      if constexpr (layout::kQuantizedFpValues)
+        for (int h = 0; h < c.cfg_.kv_heads; ++h)
+          std::copy_n(p.value_row_slot(seq, h, from), layout::value_row_bytes(c.cfg_.head_dim),
+                      p.value_row_slot(seq, h, to));
+    }
+    void quantize_value(int slot) const {
+      if constexpr (layout::kQuantizedFpValues) {
+        const int d = c.cfg_.head_dim;
+        std::vector<float> x(std::size_t(d), 0.0f);
+        for (int h = 0; h < c.cfg_.kv_heads; ++h) {
+          convert(p.fp_slot_row(Side::kValue, seq, h, slot), x.data(), std::size_t(d));
+          layout::value_row_format::quantize(x.data(), d, p.value_row_slot(seq, h, slot));
+        }
+      }
     }
     template <class SlotOf>
     void compress(int blk, SlotOf slot_of) const {
@@ -434,6 +456,7 @@ class CompressedKVCache {
   OutlierTable k_out_, v_out_;
   AlignedBuffer<std::byte> k_blocks_, v_blocks_;
   AlignedBuffer<window_t> k_fp_, v_fp_;  // the selector's full-precision slots
+  AlignedBuffer<std::byte> v_fq_;        // their quantized value rows (PartialLogWindow)
   std::vector<int> lengths_;
   std::vector<float> warm_k_, warm_v_;  // LowRankInit::kWarm: each stream's last basis B (d x r)
 };

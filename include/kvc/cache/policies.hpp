@@ -112,6 +112,15 @@ struct cache_checks {
   static_assert(Selector<typename R::selector>,
                 "kvc: the selector policy must provide the selector interface (quantized_blocks, capacity_blocks, "
                 "fp_slots, fp_slot, positions, append_token: see kvc::FullPrecisionWindow, kvc::LogWindow)");
+  static constexpr bool kQuantizedFpValues = selector_quantizes_values<typename R::selector>();
+  static_assert(!kQuantizedFpValues || (!R::value_q::kIsIdentity && R::value_q::kGroupTokens == 1),
+                "kvc::PartialLogWindow quantizes a value on its own when it leaves the value window: the value "
+                "quantizer must group per token (e.g. values<GroupQuantizer<2, 64, Axis::kToken>>), not per channel "
+                "or identity");
+  static_assert(!kQuantizedFpValues || (std::is_same_v<typename R::value_corr, NoCorrection> && !R::kStreamScope &&
+                                        std::is_void_v<typename R::streaming>),
+                "kvc::PartialLogWindow: GEAR's corrections and LiteralMode need each value's exact row when its "
+                "block is compressed; correct keys only (OutlierFilter on keys) or use LogWindow");
   static_assert(detail::count_kind<kind::loader, P...> == 0,
                 "kvc: loader policies are not supported by CompressedKVCache yet");
   static_assert(std::is_void_v<typename R::streaming> || std::is_same_v<typename R::streaming, LiteralMode>,
@@ -212,8 +221,11 @@ struct CacheRules {
           if (L::kKeyStreamOutliers) table += L::stream_outliers::bytes(nb * B, d, true) + offsets;
           if (L::kValueStreamOutliers) table += L::stream_outliers::bytes(nb * B, d, false) + offsets;
         }
-      total += std::size_t(cfg.kv_heads) * (nb * (KF::block_bytes(d) + VF::block_bytes(d)) +
-                                            fp_tokens * 2u * d * sizeof(typename L::window_t) + table);
+      // Full-precision keys and exact values; PartialLogWindow's other values as quantized rows.
+      const std::size_t exact_values = std::size_t(L::exact_fp_values(lengths[s]));
+      const std::size_t rows = (fp_tokens + exact_values) * d * sizeof(typename L::window_t) +
+                               (fp_tokens - exact_values) * L::value_row_bytes(d);
+      total += std::size_t(cfg.kv_heads) * (nb * (KF::block_bytes(d) + VF::block_bytes(d)) + rows + table);
     }
     return total;
   }

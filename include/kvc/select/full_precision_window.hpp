@@ -6,7 +6,8 @@
 /// cache holds quantized blocks (in the order the selector hands them out) and `fp_slots(B)` rows of
 /// full-precision storage; with n tokens, quantized_blocks(n, B) blocks are live and the other
 /// n - quantized_blocks(n, B) * B tokens are full precision, the i-th of them in slot fp_slot(n, i, B).
-/// `append_token` tells the cache, as slot operations, what appending token n does; `positions` says
+/// `append_token` tells the cache, as slot operations (write, move, compress; PartialLogWindow also
+/// quantize_value with value_quantized / exact_values), what appending token n does; `positions` says
 /// which position every stored row holds (tests, dequantize). Attention is invariant under permuting
 /// tokens, so kernels read blocks and full-precision rows in storage order. Host+device.
 #pragma once

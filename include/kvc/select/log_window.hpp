@@ -16,6 +16,8 @@
 /// a staging area of B slots [3W, 3W + B) until a block of B tokens (the key group, G = 64 in the paper)
 /// has accumulated, which is then quantized once. Blocks therefore hold tokens that are not contiguous in
 /// position; attention does not care (SPEC §4.1). Full-precision tokens: the set, then the staging rows.
+///
+/// PartialLogWindow<W> (below): PartialLogQuant's variant, keys as above, values a plain window of W.
 #pragma once
 
 #include <kvc/config.hpp>
@@ -123,6 +125,47 @@ struct LogWindow {
   KVC_HOST_DEVICE static void compact(int* pos) noexcept {
     PositionMoves m{pos};
     compact_slots(m);
+  }
+};
+}  // namespace kvc
+
+namespace kvc {
+/// PartialLogQuant's selector (SPEC §4.3): keys keep LogWindow<W>'s log-distributed set, values only
+/// the newest `ValueWindow` tokens (a plain sliding window, W in the paper, evaluated with W = R/2).
+/// The newest W tokens are always the last W entries of the set, so a value leaves its window while its
+/// key is still in the set: at that moment it is quantized per token (the value quantizer's groups) into
+/// the slot's quantized value row (CacheLayout::value_row_format), which the kernels read from then on.
+/// When the token's block is completed its per-token groups equal that row's codes and metadata bit for
+/// bit (the same quantize_group_masked call on the same fp16 row), so every value is quantized once.
+/// Extra slot operation: ops.quantize_value(slot). Requires per-token value groups without corrections
+/// (CompressedKVCache static_asserts it).
+template <int W, int ValueWindow = W, StorageType Storage = half_t>
+struct PartialLogWindow : LogWindow<W, Storage> {
+  static_assert(ValueWindow >= 0 && ValueWindow <= W,
+                "kvc::PartialLogWindow<W, ValueWindow>: the value window must lie in [0, W] (the newest W tokens are "
+                "always in the key set)");
+  using base = LogWindow<W, Storage>;
+  static constexpr int kValueWindow = ValueWindow;
+  static constexpr bool kQuantizedValues = true;  ///< some full-precision tokens keep only a quantized value
+
+  /// Full-precision tokens whose value is exact once a sequence holds n tokens (the newest ValueWindow).
+  KVC_HOST_DEVICE static constexpr int exact_values(int n, int block_tokens) noexcept {
+    (void)block_tokens;
+    return n < ValueWindow ? n : ValueWindow;
+  }
+  /// Whether the i-th full-precision token's value is a quantized row (older set entries, staging rows).
+  KVC_HOST_DEVICE static constexpr bool value_quantized(int n, int i, int block_tokens) noexcept {
+    const int kept = base::kept_count(n);
+    return i < kept - exact_values(n, block_tokens) || i >= kept;
+  }
+
+  /// LogWindow's append, then ops.quantize_value(slot) for the token that leaves the value window
+  /// (position n - ValueWindow, the (ValueWindow + 1)-th newest entry of the set).
+  KVC_HD_CALLABLE_TEMPLATE
+  template <class Ops>
+  KVC_HOST_DEVICE static void append_token(int n, int block_tokens, Ops& ops) {
+    base::append_token(n, block_tokens, ops);
+    if (n + 1 > ValueWindow) ops.quantize_value(base::kept_count(n + 1) - 1 - ValueWindow);
   }
 };
 }  // namespace kvc

@@ -6,7 +6,8 @@
 /// append stores the codes and metadata a host append stores (same policy code on the same values).
 ///
 /// Compression on the device covers block mode: uniform, group/KIVI, every selector (the window and sink,
-/// LogWindow: the host runs the selector's rule over slot labels and the device moves the rows),
+/// LogWindow: the host runs the selector's rule over slot labels and the device moves the rows;
+/// PartialLogWindow: the device quantizes the value rows whose content changed, from their fp16 rows),
 /// identity fp32/fp16/bf16, and GEAR's block-scope outliers and low-rank residual (outliers and
 /// backbone in one kernel, bit-identical to the host; the rank-r fit by the same power_iteration code
 /// over cuBLAS/cuSOLVER, equal to the host's up to fp32 rounding). LiteralMode and LowRankInit::kWarm
@@ -29,6 +30,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -76,6 +78,7 @@ class DeviceKVCache {
     v_blocks_ = DeviceBuffer<std::byte>(streams * cap_blocks_ * value_format::block_bytes(cfg.head_dim));
     k_fp_ = DeviceBuffer<window_t>(streams * layout::kFpSlots * d);
     v_fp_ = DeviceBuffer<window_t>(streams * layout::kFpSlots * d);
+    v_fq_ = DeviceBuffer<std::byte>(streams * layout::kFpSlots * layout::value_row_bytes(cfg.head_dim));
     lengths_ = DeviceBuffer<int>(std::size_t(cfg.layers) * cfg.batch);
     host_lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
     first_bad_ = DeviceBuffer<unsigned long long>(1);
@@ -153,7 +156,10 @@ class DeviceKVCache {
                        self->v_blocks_.data() + s0 * cap_blocks_ * value_format::block_bytes(cfg_.head_dim),
                        self->k_fp_.data() + s0 * layout::kFpSlots * d,
                        self->v_fp_.data() + s0 * layout::kFpSlots * d,
-                       0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+                       0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                       layout::kQuantizedFpValues
+                           ? self->v_fq_.data() + s0 * layout::kFpSlots * layout::value_row_bytes(cfg_.head_dim)
+                           : nullptr};
   }
 
   /// Live bytes of one layer (= the bytes one decode step over it reads); the host cache's accounting.
@@ -168,7 +174,7 @@ class DeviceKVCache {
     return elems ? 8.0 * double(bytes) / double(elems) : 0.0;
   }
   [[nodiscard]] std::size_t allocated_bytes() const {
-    return k_blocks_.bytes() + v_blocks_.bytes() + k_fp_.bytes() + v_fp_.bytes() + lengths_.bytes();
+    return k_blocks_.bytes() + v_blocks_.bytes() + k_fp_.bytes() + v_fp_.bytes() + v_fq_.bytes() + lengths_.bytes();
   }
 
   /// Copies a host cache of the same policies and config into this one, bit for bit (synchronous:
@@ -220,6 +226,7 @@ class DeviceKVCache {
     const std::size_t kb = per_layer * cap_blocks_ * key_format::block_bytes(cfg_.head_dim);
     const std::size_t vb = per_layer * cap_blocks_ * value_format::block_bytes(cfg_.head_dim);
     const std::size_t fp = per_layer * layout::kFpSlots * d * sizeof(window_t);
+    const std::size_t fq = per_layer * layout::kFpSlots * layout::value_row_bytes(cfg_.head_dim);
     for (int l = 0; l < cfg_.layers; ++l) {
       const params_type h = host.params(l), g = params(l);
       auto copy = [&](void* hp, void* gp, std::size_t bytes, const char* what) {
@@ -230,6 +237,7 @@ class DeviceKVCache {
       copy(h.v_blocks, g.v_blocks, vb, "cudaMemcpy (value blocks)");
       copy(h.k_fp, g.k_fp, fp, "cudaMemcpy (key full-precision rows)");
       copy(h.v_fp, g.v_fp, fp, "cudaMemcpy (value full-precision rows)");
+      copy(h.v_fq, g.v_fq, fq, "cudaMemcpy (quantized value rows)");
     }
   }
 
@@ -275,12 +283,22 @@ class DeviceKVCache {
   /// The host's side of an append: selector::append_token run symbolically over slot labels (what each
   /// full-precision slot holds: its content before the append, or an input token; detail::input_source),
   /// which yields the rows of every block the append completes and the slot writes that remain.
+  /// PartialLogWindow: qlabel[slot] is the content whose quantized value row the slot holds (kNoRow: none).
+  static constexpr int kNoRow = INT_MIN;
   struct AppendPlan {
     std::vector<int> label;       // [kFpSlots]
+    std::vector<int> qlabel;      // [kFpSlots]
     std::vector<int> block_rows;  // [new blocks][B] sources, in block order
     int token = 0;
-    void write(int slot) { label[std::size_t(slot)] = detail::input_source(token); }
-    void move(int from, int to) { label[std::size_t(to)] = label[std::size_t(from)]; }
+    void write(int slot) {
+      label[std::size_t(slot)] = detail::input_source(token);
+      qlabel[std::size_t(slot)] = kNoRow;
+    }
+    void move(int from, int to) {
+      label[std::size_t(to)] = label[std::size_t(from)];
+      qlabel[std::size_t(to)] = qlabel[std::size_t(from)];
+    }
+    void quantize_value(int slot) { qlabel[std::size_t(slot)] = label[std::size_t(slot)]; }
     template <class SlotOf>
     void compress(int, SlotOf slot_of) {
       for (int r = 0; r < kBlockTokens; ++r) block_rows.push_back(label[std::size_t(slot_of(r))]);
@@ -295,7 +313,12 @@ class DeviceKVCache {
     const int nb0 = selector::quantized_blocks(n, B), nb1 = selector::quantized_blocks(n_after, B);
     AppendPlan plan;
     plan.label.resize(std::size_t(layout::kFpSlots));
+    plan.qlabel.assign(std::size_t(layout::kFpSlots), kNoRow);
     for (int i = 0; i < layout::kFpSlots; ++i) plan.label[std::size_t(i)] = i;
+    if constexpr (layout::kQuantizedFpValues)
+      for (int i = 0; i < n - nb0 * B; ++i)
+        if (selector::value_quantized(n, i, B)) plan.qlabel[std::size_t(selector::fp_slot(n, i, B))] = selector::fp_slot(n, i, B);
+    const std::vector<int> qlabel0 = plan.qlabel;
     for (int t = 0; t < tokens; ++t) {
       plan.token = t;
       selector::append_token(n + t, B, plan);
@@ -309,9 +332,19 @@ class DeviceKVCache {
         src.push_back(plan.label[std::size_t(slot)]);
       }
     }
+    // PartialLogWindow: slots whose quantized value row changed are re-derived from their (moved) fp16
+    // value rows after the scatter: the same quantize call on the same row as the host's quantize_value.
+    std::vector<int> requantize;
+    if constexpr (layout::kQuantizedFpValues)
+      for (int i = 0; i < n_after - nb1 * B; ++i) {
+        const int slot = selector::fp_slot(n_after, i, B);
+        if (!selector::value_quantized(n_after, i, B)) continue;
+        if (plan.qlabel[std::size_t(slot)] != qlabel0[std::size_t(slot)]) requantize.push_back(slot);
+      }
     std::vector<int> table = plan.block_rows;
     table.insert(table.end(), dst.begin(), dst.end());
     table.insert(table.end(), src.begin(), src.end());
+    table.insert(table.end(), requantize.begin(), requantize.end());
     StreamScratch<int> dev_table(table.size(), stream);
     if (!table.empty())
       check(cudaMemcpyAsync(dev_table.data(), table.data(), table.size() * sizeof(int), cudaMemcpyHostToDevice, stream),
@@ -333,6 +366,13 @@ class DeviceKVCache {
       detail::scatter_slots_kernel<layout><<<grid, threads, 0, stream>>>(p, seq, dev_dst, tmp.data());
       check_launch("scatter_slots_kernel");
     }
+    if constexpr (layout::kQuantizedFpValues)
+      if (!requantize.empty()) {
+        const int* dev_slots = rows + plan.block_rows.size() + 2 * dst.size();
+        const dim3 grid{unsigned(requantize.size()), unsigned(H)};
+        detail::quantize_value_rows_kernel<layout><<<grid, 32, std::size_t(d) * sizeof(float), stream>>>(p, seq, dev_slots);
+        check_launch("quantize_value_rows_kernel");
+      }
     set_length(layer, seq, n_after, stream);
   }
 
@@ -394,6 +434,7 @@ class DeviceKVCache {
   int cap_blocks_ = 0;
   DeviceBuffer<std::byte> k_blocks_, v_blocks_;
   DeviceBuffer<window_t> k_fp_, v_fp_;  // the selector's full-precision slots
+  DeviceBuffer<std::byte> v_fq_;         // their quantized value rows (PartialLogWindow)
   DeviceBuffer<int> lengths_;
   std::vector<int> host_lengths_;
   DeviceBuffer<unsigned long long> first_bad_;  // the input scan's result

@@ -160,6 +160,7 @@ class DecodeKernel {
     const std::uint8_t* kpacked;  // current key block's packed codes
     std::uint8_t* vtile;  // [B*d]
     float* wrow;          // [B][d] full-precision key rows, as float
+    float* vrowf;         // [B][d] PartialLogWindow: full-precision tokens' values, as float
     float* kzero;  // [groups_k]
     float* kscale;
     float* vzero;  // [groups_v]
@@ -201,6 +202,7 @@ class DecodeKernel {
     s.ktile = reinterpret_cast<std::uint8_t*>(take(std::size_t(B) * d / 4));
     s.vtile = reinterpret_cast<std::uint8_t*>(take(std::size_t(B) * d / 4));
     s.wrow = take(std::size_t(B) * d);
+    s.vrowf = take(Layout::kQuantizedFpValues ? std::size_t(B) * d : 0);
     const std::size_t gk = std::max(KF::groups(d_), 1), gv = std::max(VF::groups(d_), 1);
     s.kzero = take(gk);
     s.kscale = take(gk);
@@ -411,7 +413,8 @@ class DecodeKernel {
   /// contiguous: a ring wraps, a log set is followed by its staging rows).
   /// Scores: the rows are widened to float once into s.wrow, then N tokens at a time each head keeps
   /// one accumulator per token and sums their lanes together (simd::hsum_lanes); values share each
-  /// row load across the heads like identity value blocks.
+  /// row load across the heads like identity value blocks. PartialLogWindow: values that left their
+  /// window are quantized rows, decoded into s.vrowf (with the exact ones) before the value sum.
   void fp_tokens(Scratch& s, Item& it, int seq, int kvh, int first, int last) const {
     const int n = last - first, d = d_;
     if (n <= 0) return;
@@ -438,7 +441,21 @@ class DecodeKernel {
       }
     }
     softmax_update(s, it, n);
-    float_value_dot(s, it, n, [&](int t) { return vrow[t]; });
+    if constexpr (Layout::kQuantizedFpValues) {
+      using RF = typename Layout::value_row_format;
+      for (int t = 0; t < n; ++t) {
+        float* out = s.vrowf + std::size_t(t) * d;
+        if (p_.fp_value_quantized(seq, first + t)) {
+          const std::byte* row = p_.value_row_at(seq, kvh, first + t);
+          for (int c = 0; c < d; ++c) out[c] = RF::decode(row, c, d);
+        } else {
+          for (int c = 0; c < d; c += N) F::load(vrow[t] + c).store(out + c);
+        }
+      }
+      float_value_dot(s, it, n, [&](int t) { return static_cast<const float*>(s.vrowf + std::size_t(t) * d); });
+    } else {
+      float_value_dot(s, it, n, [&](int t) { return vrow[t]; });
+    }
   }
 
   // ---------------------------------------------------------------- one block

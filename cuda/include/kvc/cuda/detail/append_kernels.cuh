@@ -258,6 +258,22 @@ __global__ void scatter_slots_kernel(const __grid_constant__ typename Layout::Pa
   }
 }
 
+/// PartialLogWindow: quantizes the fp16 value row of slot slots[blockIdx.x] of KV head blockIdx.y into the
+/// slot's quantized value row (Layout::value_row_format, the host's quantize_value). Dynamic shared
+/// memory: head_dim floats.
+template <class Layout>
+__global__ void quantize_value_rows_kernel(const __grid_constant__ typename Layout::Params p, int seq,
+                                           const int* __restrict__ slots) {
+  static_assert(Layout::kQuantizedFpValues, "kvc::cuda: quantized value rows exist with PartialLogWindow only");
+  using W = typename Layout::window_t;
+  extern __shared__ float row_smem[];
+  const int slot = slots[blockIdx.x], head = blockIdx.y, d = p.head_dim;
+  const W* v = p.fp_slot_row(Side::kValue, seq, head, slot);
+  for (int c = threadIdx.x; c < d; c += blockDim.x) row_smem[c] = StorageTraits<W>::load(v[c]);
+  __syncthreads();
+  if (threadIdx.x == 0) Layout::value_row_format::quantize(row_smem, d, p.value_row_slot(seq, head, slot));
+}
+
 /// first_bad <- min(first_bad, index of the first element of x[0, n) that is not finite or exceeds
 /// `limit` in magnitude). first_bad starts at n.
 template <class T>

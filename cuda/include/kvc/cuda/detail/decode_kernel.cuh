@@ -82,14 +82,16 @@ __device__ __forceinline__ void decode_tile(const std::byte* block, float* tile,
   }
 }
 
-/// Loads full-precision tokens [i0, i0 + nt) (storage order: Params::fp_row_at) of one side into tile[t * ld + c].
+/// Loads full-precision tokens [i0, i0 + nt) (storage order: Params::fp_row_at) of one side into tile[t * ld + c];
+/// PartialLogWindow's quantized value rows are decoded (Params::fp_element).
 template <class Layout, int D>
 __device__ __forceinline__ void load_fp_rows(const typename Layout::Params& p, Side side, int seq, int kvh, int i0,
                                              int nt, float* tile, int ld) {
   using W = typename Layout::window_t;
   for (int i = threadIdx.x; i < nt * D; i += blockDim.x) {
     const int t = i / D, c = i - t * D;
-    tile[t * ld + c] = StorageTraits<W>::load(p.fp_row_at(side, seq, kvh, i0 + t)[c]);
+    if constexpr (Layout::kQuantizedFpValues) tile[t * ld + c] = p.fp_element(side, seq, kvh, i0 + t, c);
+    else tile[t * ld + c] = StorageTraits<W>::load(p.fp_row_at(side, seq, kvh, i0 + t)[c]);
   }
 }
 
