@@ -228,6 +228,15 @@ struct TokenRowFormat {
     if (sh + kBits > 8) v |= unsigned(codes[at + 1]) << (8 - sh);
     return int(v & ((1u << kBits) - 1u));
   }
+  /// The whole row, x[0, d) (one affine per group; decode() rounding).
+  KVC_HOST_DEVICE static void decode_row(const std::byte* row, int d, float* x) noexcept {
+    const half_t* m = lo(row, d);
+    const int gc = group_channels(d), ng = groups(d);
+    for (int g = 0; g < ng; ++g) {
+      const Affine a = Q::codec::affine(QuantMeta{m[g], m[ng + g]});
+      for (int c = g * gc; c < (g + 1) * gc; ++c) x[c] = mul_add_rounded(a.scale, static_cast<float>(code_at(row, c)), a.zero);
+    }
+  }
   /// Reconstructed element c.
   KVC_HOST_DEVICE static float decode(const std::byte* row, int c, int d) noexcept {
     const int g = c / group_channels(d);

@@ -247,6 +247,7 @@ class CompressedKVCache {
     KVView k, v;
     int token;
     std::vector<float>& pending;  // LiteralMode: [block][head][side][B][d]
+    mutable std::vector<float> row = {};  // quantize_value's fp32 copy of a value row
 
     void write(int slot) const {
       const std::size_t d = std::size_t(c.cfg_.head_dim);
@@ -268,10 +269,10 @@ class CompressedKVCache {
     void quantize_value(int slot) const {
       if constexpr (layout::kQuantizedFpValues) {
         const int d = c.cfg_.head_dim;
-        std::vector<float> x(std::size_t(d), 0.0f);
+        row.resize(std::size_t(d));
         for (int h = 0; h < c.cfg_.kv_heads; ++h) {
-          convert(p.fp_slot_row(Side::kValue, seq, h, slot), x.data(), std::size_t(d));
-          layout::value_row_format::quantize(x.data(), d, p.value_row_slot(seq, h, slot));
+          convert(p.fp_slot_row(Side::kValue, seq, h, slot), row.data(), std::size_t(d));
+          layout::value_row_format::quantize(row.data(), d, p.value_row_slot(seq, h, slot));
         }
       }
     }

@@ -446,8 +446,7 @@ class DecodeKernel {
       for (int t = 0; t < n; ++t) {
         float* out = s.vrowf + std::size_t(t) * d;
         if (p_.fp_value_quantized(seq, first + t)) {
-          const std::byte* row = p_.value_row_at(seq, kvh, first + t);
-          for (int c = 0; c < d; ++c) out[c] = RF::decode(row, c, d);
+          RF::decode_row(p_.value_row_at(seq, kvh, first + t), d, out);
         } else {
           for (int c = 0; c < d; c += N) F::load(vrow[t] + c).store(out + c);
         }
