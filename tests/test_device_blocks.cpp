@@ -1,8 +1,10 @@
 // The host+device building blocks of the CUDA kernels, run on the CPU (CI has no GPU): the flash-decoding
 // merge and split plan, cooperative packing, the cooperative block compressor (each CTA thread's share
 // run in turn) against the host cache's own blocks, and the cooperative correction epilogues against
-// decode_block. The kernels call exactly these functions; tests/cuda runs the kernels themselves.
+// decode_block; the device append's plan replayed on the host. The kernels call exactly these functions;
+// tests/cuda runs the kernels themselves.
 #include <kvc/attention/split_merge.hpp>
+#include <kvc/cache/append_plan.hpp>
 #include <kvc/gear/host_linalg.hpp>
 #include <kvc/schemes.hpp>
 
@@ -166,6 +168,116 @@ TEST(CooperativeCompression, LaneByLaneEqualsTheHostCache) {
   expect_cooperative_compression_matches<schemes::Kivi<3, 32, 16>>(64, 5);
   expect_cooperative_compression_matches<schemes::GearKivi2>(64, 256);  // outliers exclude from the statistics
   expect_cooperative_compression_matches<schemes::Gear4>(64, 9);
+}
+
+/// The device append's plan (cache/append_plan.hpp), replayed on the host the way DeviceKVCache's kernels
+/// execute it -- new blocks compressed from their row sources (old slots, or inputs rounded through the
+/// window storage), then the slot writes gathered and scattered, then the changed quantized value rows
+/// re-derived -- over arenas of our own, equals the host cache's append on every live byte: blocks,
+/// full-precision rows in storage order, PartialLogWindow's quantized value rows.
+template <class Cache>
+void expect_replayed_plan_matches(const std::vector<int>& chunks) {
+  using L = typename Cache::layout;
+  using KF = typename L::key_format;
+  using VF = typename L::value_format;
+  using W = typename L::window_t;
+  static_assert(!KF::kCorrected && !VF::kCorrected, "the replay covers compress_blocks_kernel's path");
+  constexpr int B = L::kBlockTokens;
+  const int H = 2, d = 64;
+  int T = 0;
+  for (int c : chunks) T += c;
+  const KV x = kvc_test::random_kv(T, H, d, 91);
+  Cache host(kvc::CacheConfig{1, 1, H, d, T});
+  const int cap = host.params(0).capacity_blocks;
+  std::vector<std::byte> kb(std::size_t(H) * cap * KF::block_bytes(d)), vb(std::size_t(H) * cap * VF::block_bytes(d));
+  std::vector<W> kfp(std::size_t(H) * L::kFpSlots * d), vfp(kfp.size());
+  std::vector<std::byte> vfq(std::size_t(H) * L::kFpSlots * L::value_row_bytes(d) + 1);
+  int length = 0;
+  typename L::Params r{1, H, d, cap, &length, kb.data(), vb.data(), kfp.data(), vfp.data(), 0,
+                       nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, vfq.data()};
+  auto value = [&](kvc::Side side, int h, int src, int c, int t0) {  // the kernels' source_value
+    if (src >= 0) return kvc::StorageTraits<W>::load(r.fp_slot_row(side, 0, h, src)[c]);
+    const auto& in = side == kvc::Side::kKey ? x.k : x.v;
+    return kvc::StorageTraits<W>::load(kvc::StorageTraits<W>::store(in[x.at(t0 - 1 - src, h, c)]));
+  };
+  int t0 = 0;
+  for (int tokens : chunks) {
+    SCOPED_TRACE("append of " + std::to_string(tokens) + " at " + std::to_string(t0));
+    host.append(0, 0, x.kview(t0, tokens), x.vview(t0, tokens));
+    const auto plan = kvc::detail::AppendPlan<L>::make(length, tokens);
+    std::vector<float> blk(std::size_t(B) * d);
+    std::vector<std::uint8_t> codes(blk.size());
+    for (int i = 0; i < plan.blocks; ++i)
+      for (int h = 0; h < H; ++h)
+        for (kvc::Side side : {kvc::Side::kKey, kvc::Side::kValue}) {
+          for (int t = 0; t < B; ++t)
+            for (int c = 0; c < d; ++c)
+              blk[std::size_t(t) * d + c] = value(side, h, plan.block_rows[std::size_t(i) * B + t], c, t0);
+          auto store = [&]<class F>(std::byte* dst) {
+            if constexpr (F::kIdentity) {
+              F::store_identity(blk.data(), d, dst);
+            } else {
+              F::quantize_groups(blk.data(), d, codes.data(), dst, nullptr);
+              kvc::pack_codes(codes.data(), codes.size(), F::kBits, reinterpret_cast<std::uint8_t*>(dst));
+            }
+          };
+          if (side == kvc::Side::kKey) store.template operator()<KF>(r.key_block(0, h, plan.first_block + i));
+          else store.template operator()<VF>(r.value_block(0, h, plan.first_block + i));
+        }
+    std::vector<float> tmp(plan.dst.size() * H * 2 * d);  // gather, then scatter
+    for (std::size_t i = 0; i < plan.dst.size(); ++i)
+      for (int h = 0; h < H; ++h)
+        for (int c = 0; c < d; ++c) {
+          tmp[((i * H + h) * 2) * d + c] = value(kvc::Side::kKey, h, plan.src[i], c, t0);
+          tmp[((i * H + h) * 2 + 1) * d + c] = value(kvc::Side::kValue, h, plan.src[i], c, t0);
+        }
+    for (std::size_t i = 0; i < plan.dst.size(); ++i)
+      for (int h = 0; h < H; ++h)
+        for (int c = 0; c < d; ++c) {
+          r.fp_slot_row(kvc::Side::kKey, 0, h, plan.dst[i])[c] = kvc::StorageTraits<W>::store(tmp[((i * H + h) * 2) * d + c]);
+          r.fp_slot_row(kvc::Side::kValue, 0, h, plan.dst[i])[c] =
+              kvc::StorageTraits<W>::store(tmp[((i * H + h) * 2 + 1) * d + c]);
+        }
+    if constexpr (L::kQuantizedFpValues)
+      for (int slot : plan.requantize)
+        for (int h = 0; h < H; ++h) {
+          std::vector<float> row(static_cast<std::size_t>(d));
+          for (int c = 0; c < d; ++c) row[std::size_t(c)] = kvc::StorageTraits<W>::load(r.fp_slot_row(kvc::Side::kValue, 0, h, slot)[c]);
+          L::value_row_format::quantize(row.data(), d, r.value_row_slot(0, h, slot));
+        }
+    length += tokens;
+    t0 += tokens;
+    // Every live byte equals the host cache's.
+    const auto p = host.params(0);
+    ASSERT_EQ(r.quantized_blocks(0), p.quantized_blocks(0));
+    for (int h = 0; h < H; ++h) {
+      for (int b = 0; b < r.quantized_blocks(0); ++b) {
+        ASSERT_EQ(std::memcmp(r.key_block(0, h, b), p.key_block(0, h, b), KF::block_bytes(d)), 0) << "key block " << b;
+        ASSERT_EQ(std::memcmp(r.value_block(0, h, b), p.value_block(0, h, b), VF::block_bytes(d)), 0) << "value block " << b;
+      }
+      for (int i = 0; i < r.fp_count(0); ++i) {
+        ASSERT_EQ(std::memcmp(r.fp_row_at(kvc::Side::kKey, 0, h, i), p.fp_row_at(kvc::Side::kKey, 0, h, i), d * sizeof(W)), 0)
+            << "key row " << i;
+        if (r.fp_value_quantized(0, i))
+          ASSERT_EQ(std::memcmp(r.value_row_at(0, h, i), p.value_row_at(0, h, i), L::value_row_bytes(d)), 0)
+              << "quantized value row " << i;
+        else
+          ASSERT_EQ(std::memcmp(r.fp_row_at(kvc::Side::kValue, 0, h, i), p.fp_row_at(kvc::Side::kValue, 0, h, i), d * sizeof(W)), 0)
+              << "value row " << i;
+      }
+    }
+  }
+}
+
+TEST(DeviceAppendPlan, ReplayedOnTheHostEqualsTheHostAppend) {
+  using namespace kvc;
+  const std::vector<int> chunks{1, 1, 5, 40, 1, 1, 1, 97, 3, 1, 130, 1, 1, 64, 2, 1, 1, 1, 200, 1};
+  expect_replayed_plan_matches<schemes::Kivi2>(chunks);
+  expect_replayed_plan_matches<kvc_test::sch::Sink>(chunks);
+  expect_replayed_plan_matches<kvc_test::sch::LogW3>(chunks);
+  expect_replayed_plan_matches<kvc_test::sch::PartialW40>(chunks);
+  expect_replayed_plan_matches<schemes::PartialLogQuant<2, 3, 32>>(chunks);
+  expect_replayed_plan_matches<schemes::PartialLogQuant2>(chunks);
 }
 
 /// The kernels' tile decode: backbone into a tile with a padded row stride, then the outlier and the

@@ -16,6 +16,7 @@
 /// failures throw kvc::Error(kCuda) with the runtime's text. Host API; not thread-safe.
 #pragma once
 
+#include <kvc/cache/append_plan.hpp>
 #include <kvc/cache/cache_layout.hpp>
 #include <kvc/cache/policies.hpp>
 #include <kvc/core/error.hpp>
@@ -30,7 +31,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -280,67 +280,16 @@ class DeviceKVCache {
               optin);
   }
 
-  /// The host's side of an append: selector::append_token run symbolically over slot labels (what each
-  /// full-precision slot holds: its content before the append, or an input token; detail::input_source),
-  /// which yields the rows of every block the append completes and the slot writes that remain.
-  /// PartialLogWindow: qlabel[slot] is the content whose quantized value row the slot holds (kNoRow: none).
-  static constexpr int kNoRow = INT_MIN;
-  struct AppendPlan {
-    std::vector<int> label;       // [kFpSlots]
-    std::vector<int> qlabel;      // [kFpSlots]
-    std::vector<int> block_rows;  // [new blocks][B] sources, in block order
-    int token = 0;
-    void write(int slot) {
-      label[std::size_t(slot)] = detail::input_source(token);
-      qlabel[std::size_t(slot)] = kNoRow;
-    }
-    void move(int from, int to) {
-      label[std::size_t(to)] = label[std::size_t(from)];
-      qlabel[std::size_t(to)] = qlabel[std::size_t(from)];
-    }
-    void quantize_value(int slot) { qlabel[std::size_t(slot)] = label[std::size_t(slot)]; }
-    template <class SlotOf>
-    void compress(int, SlotOf slot_of) {
-      for (int r = 0; r < kBlockTokens; ++r) block_rows.push_back(label[std::size_t(slot_of(r))]);
-    }
-  };
-
   /// Queues the compression of the blocks this append completes, then the full-precision slot writes
   /// (gather, then scatter: LogWindow's compaction reads slots it also writes); k, v: device
   /// [tokens][kv_heads][head_dim] fp32.
   void enqueue_append(int layer, int seq, int tokens, const float* k, const float* v, cudaStream_t stream) {
-    const int n = length(layer, seq), n_after = n + tokens, B = kBlockTokens, d = cfg_.head_dim, H = cfg_.kv_heads;
-    const int nb0 = selector::quantized_blocks(n, B), nb1 = selector::quantized_blocks(n_after, B);
-    AppendPlan plan;
-    plan.label.resize(std::size_t(layout::kFpSlots));
-    plan.qlabel.assign(std::size_t(layout::kFpSlots), kNoRow);
-    for (int i = 0; i < layout::kFpSlots; ++i) plan.label[std::size_t(i)] = i;
-    if constexpr (layout::kQuantizedFpValues)
-      for (int i = 0; i < n - nb0 * B; ++i)
-        if (selector::value_quantized(n, i, B)) plan.qlabel[std::size_t(selector::fp_slot(n, i, B))] = selector::fp_slot(n, i, B);
-    const std::vector<int> qlabel0 = plan.qlabel;
-    for (int t = 0; t < tokens; ++t) {
-      plan.token = t;
-      selector::append_token(n + t, B, plan);
-    }
-    // Live slots whose content changes: [dst slots][their sources] after the block rows.
-    std::vector<int> dst, src;
-    for (int i = 0; i < n_after - nb1 * B; ++i) {
-      const int slot = selector::fp_slot(n_after, i, B);
-      if (plan.label[std::size_t(slot)] != slot) {
-        dst.push_back(slot);
-        src.push_back(plan.label[std::size_t(slot)]);
-      }
-    }
-    // PartialLogWindow: slots whose quantized value row changed are re-derived from their (moved) fp16
-    // value rows after the scatter: the same quantize call on the same row as the host's quantize_value.
-    std::vector<int> requantize;
-    if constexpr (layout::kQuantizedFpValues)
-      for (int i = 0; i < n_after - nb1 * B; ++i) {
-        const int slot = selector::fp_slot(n_after, i, B);
-        if (!selector::value_quantized(n_after, i, B)) continue;
-        if (plan.qlabel[std::size_t(slot)] != qlabel0[std::size_t(slot)]) requantize.push_back(slot);
-      }
+    const int n = length(layer, seq), n_after = n + tokens, d = cfg_.head_dim, H = cfg_.kv_heads;
+    // The host's side: the selector's rule over slot labels (cache/append_plan.hpp).
+    const auto plan = kvc::detail::AppendPlan<layout>::make(n, tokens);
+    const std::vector<int>& dst = plan.dst;
+    const std::vector<int>& src = plan.src;
+    const std::vector<int>& requantize = plan.requantize;
     std::vector<int> table = plan.block_rows;
     table.insert(table.end(), dst.begin(), dst.end());
     table.insert(table.end(), src.begin(), src.end());
@@ -351,9 +300,9 @@ class DeviceKVCache {
             "cudaMemcpyAsync (append plan)");  // pageable: staged before it returns
     const int* rows = dev_table.data();
     const params_type p = params(layer);
-    if (nb1 > nb0) {  // first: the blocks read slots the writes below may overwrite
-      launch_compress<key_format>(p, layer, seq, nb0, nb1 - nb0, rows, k, stream);
-      launch_compress<value_format>(p, layer, seq, nb0, nb1 - nb0, rows, v, stream);
+    if (plan.blocks > 0) {  // first: the blocks read slots the writes below may overwrite
+      launch_compress<key_format>(p, layer, seq, plan.first_block, plan.blocks, rows, k, stream);
+      launch_compress<value_format>(p, layer, seq, plan.first_block, plan.blocks, rows, v, stream);
     }
     if (!dst.empty()) {
       const int count = int(dst.size());

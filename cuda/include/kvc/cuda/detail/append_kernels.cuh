@@ -5,6 +5,7 @@
 /// storage, as the host's slots hold it), so the stored codes and metadata are bit-identical.
 #pragma once
 
+#include <kvc/cache/append_plan.hpp>
 #include <kvc/cache/cache_layout.hpp>
 #include <kvc/core/bit_packing.hpp>
 #include <kvc/core/numeric.hpp>
@@ -18,11 +19,7 @@ namespace kvc::cuda::detail {
 
 inline constexpr int kAppendThreads = 256;
 
-/// Where a row of an append comes from (DeviceKVCache's append plan): src >= 0 is full-precision slot
-/// src as it was before the append, src < 0 is input token -1 - src.
-__host__ __device__ constexpr int input_source(int token) { return -1 - token; }
-
-/// Element c of row source `src` (see input_source) of one side as the host's slots hold it: an old slot
+/// Element c of row source `src` (kvc::detail::input_source, cache/append_plan.hpp) of one side as the host's slots hold it: an old slot
 /// is read from its row, an input token rounded through the window storage.
 template <class Layout>
 __device__ float source_value(const typename Layout::Params& p, Side side, int seq, int head, int src, int c,
