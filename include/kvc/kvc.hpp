@@ -16,6 +16,9 @@
 #include <kvc/select/full_precision_window.hpp>
 #include <kvc/select/log_window.hpp>
 #include <kvc/gear/gear.hpp>
+#include <kvc/qaq/bit_width.hpp>
+#include <kvc/qaq/calibration.hpp>
+#include <kvc/qaq/qaq_quantizer.hpp>
 #include <kvc/cache/cache_layout.hpp>
 #include <kvc/cache/compressed_kv_cache.hpp>
 #include <kvc/attention/decode_attention.hpp>

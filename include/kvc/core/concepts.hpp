@@ -24,6 +24,7 @@ struct outlier_filter {};   ///< sparse full-precision outliers (GEAR, QAQ)
 struct residual {};         ///< low-rank residual correction (GEAR)
 struct loader {};           ///< how attention reads stored elements (AlignedKV)
 struct streaming {};        ///< when compressed blocks are recompressed (GEAR's literal mode)
+struct adaptive_quantizer {};  ///< per-token bit-widths chosen every step (QAQ)
 }  // namespace kind
 
 template <class P>
@@ -116,7 +117,7 @@ struct check_policies {
       count_kind<kind::value_quantizer, P...> <= 1 && count_kind<kind::selector, P...> <= 1 &&
       count_kind<kind::block_layout, P...> <= 1 && count_kind<kind::outlier_filter, P...> <= 1 &&
       count_kind<kind::residual, P...> <= 1 && count_kind<kind::loader, P...> <= 1 &&
-      count_kind<kind::streaming, P...> <= 1;
+      count_kind<kind::streaming, P...> <= 1 && count_kind<kind::adaptive_quantizer, P...> <= 1;
   static_assert(!kAllPolicies || kNoDuplicates,
                 "kvc: duplicate policy kind: CompressedKVCache takes at most one policy of each kind "
                 "(one quantizer or one keys<>/values<> pair, one selector, one BlockTokens)");

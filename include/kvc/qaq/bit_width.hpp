@@ -1,0 +1,148 @@
+// kvc: nvcc-safe
+/// \file bit_width.hpp
+/// QAQ's bit-width rule (SPEC §2.3, §2.4, §2.6): the fewest bits per token that keep a statistical error
+/// bound below a user target, separately for keys and values.
+///
+/// Paper formulas (`PaperBounds`, the default; SPEC Q3's reference-code variant is not provided: its key
+/// bound needs the whole attention row per token, max_j |(diag(a) - a a^T)_tj|):
+///   keys:   sigma_K^2   <= log(T^3 / (T - 1) * sigma_S^2 + 1) / ||Q||^2       (one bound per stream and step)
+///   values: sigma_V,t   <= sigma_X / (sqrt(T) * S^_t)                         (S^_t: max of the last n probabilities)
+///   bits:   B_t = ceil(log2(range_t / (2 sqrt(3) sigma))), clamped to [B_min, B_max]
+/// with ||Q||^2 the calibrated 90th percentile of the scaled query's squared norm (SPEC Q5: per layer and KV
+/// head, q / sqrt(d_h); Q6: the largest over the query heads of a GQA group).
+/// ceil(log2(x)) is evaluated as the smallest b with x <= 2^b (no log, no rounding at powers of two).
+/// Guards (SPEC §2.6): T <= 1 -> B_max (the key bound divides by T - 1); S^_t == 0, range 0, or ||Q||^2 == 0
+/// (an infinite sigma) -> B_min; a NaN ratio -> B_max. Tokens with fewer than n observations stay at B_max
+/// (the caller's ring decides: AttentionHistory).
+/// Host+device; double precision (T^3 at T = 2^20 is 2^60).
+#pragma once
+
+#include <kvc/config.hpp>
+
+#include <cmath>
+#include <cstdint>
+
+namespace kvc::qaq {
+
+/// The two error targets of SPEC Q1 (the paper reports none; sweep them, or calibrate them to an average
+/// width with calibrate_target).
+struct Targets {
+  double key_sigma_s = 0.0;    ///< sigma_max^(S): std of each attention probability due to key quantization
+  double value_sigma_x = 0.0;  ///< sigma_max^(X): std of each output element due to value quantization
+};
+
+/// Widths a token may take (SPEC Q2 default [1, 8]; B = 0 is not allowed).
+struct WidthRange {
+  int min = 1;
+  int max = 8;
+};
+
+/// 2 * sqrt(3): a uniform error of half-width Delta has sigma = Delta / sqrt(3), and 2 Delta 2^B = range.
+inline constexpr double kTwoSqrt3 = 3.4641016151377545870548926830117;
+
+/// Smallest b in [r.min, r.max] with ratio <= 2^b, i.e. clamp(ceil(log2(ratio))). ratio <= 0 (zero range,
+/// infinite sigma) gives r.min, NaN gives r.max.
+KVC_HOST_DEVICE int width_for_ratio(double ratio, WidthRange r) noexcept {
+  if (ratio != ratio) return r.max;
+  if (!(ratio > 0.0)) return r.min;
+  int b = r.min;
+  double limit = double(1u << r.min);
+  while (b < r.max && ratio > limit) {
+    ++b;
+    limit *= 2.0;
+  }
+  return b;
+}
+
+/// The paper's bounds (QAQ, SPEC §2.3).
+struct PaperBounds {
+  static constexpr const char* kName = "paper";
+  /// sigma_K at length T for squared query norm qnorm2 (> 0, T >= 2): the same for every token of the stream.
+  KVC_HOST_DEVICE static double key_sigma(int T, double sigma_s, double qnorm2) noexcept {
+    const double t = double(T);
+    return std::sqrt(std::log1p(t * t * t / (t - 1.0) * sigma_s * sigma_s) / qnorm2);
+  }
+  /// sigma_V of a token whose predicted probability is s_hat (> 0).
+  KVC_HOST_DEVICE static double value_sigma(int T, double sigma_x, double s_hat) noexcept {
+    return sigma_x / (std::sqrt(double(T)) * s_hat);
+  }
+};
+
+/// Key width of a token with non-outlier range `range` at length T (guards in the file comment).
+template <class Bounds = PaperBounds>
+KVC_HOST_DEVICE int key_width(double range, int T, double sigma_s, double qnorm2, WidthRange r) noexcept {
+  if (T <= 1) return r.max;
+  if (!(qnorm2 > 0.0) || !(range > 0.0)) return r.min;
+  return width_for_ratio(range / (kTwoSqrt3 * Bounds::key_sigma(T, sigma_s, qnorm2)), r);
+}
+
+/// Value width of a token with range `range` and predicted probability s_hat at length T.
+template <class Bounds = PaperBounds>
+KVC_HOST_DEVICE int value_width(double range, int T, double sigma_x, double s_hat, WidthRange r) noexcept {
+  if (T <= 1) return r.max;
+  if (!(s_hat > 0.0) || !(range > 0.0)) return r.min;
+  return width_for_ratio(range / (kTwoSqrt3 * Bounds::value_sigma(T, sigma_x, s_hat)), r);
+}
+
+/// One token's attention history (SPEC §2.4): the last n probabilities it received, as 8-bit codes of
+/// -log2(p) in 1/8 binades rounded toward larger p (decoded p >= true p, at most 2^(1/8) = 9 % above it;
+/// the width depends on S^ only through ceil(log2), so the rounding moves a token up by at most one
+/// width, never down). Code 255 stands for p < 2^-31.75, treated as 0 (SPEC's S^ == 0 guard: B_min; at any
+/// T <= 2^40 such a token's value error is below 2^-11 of sigma_X per unit range). Host+device.
+struct ProbCode {
+  static constexpr int kStepsPerBinade = 8;
+  static constexpr std::uint8_t kZero = 255;
+  KVC_HOST_DEVICE static std::uint8_t encode(float p) noexcept {
+    if (!(p > 0.0f)) return kZero;
+    if (p >= 1.0f) return 0;
+    const float c = std::floor(-std::log2(p) * float(kStepsPerBinade));
+    return c >= float(kZero) ? kZero : static_cast<std::uint8_t>(c);
+  }
+  KVC_HOST_DEVICE static float decode(std::uint8_t c) noexcept {
+    return c == kZero ? 0.0f : std::exp2(-float(c) / float(kStepsPerBinade));
+  }
+};
+
+/// Ring of the last N probability codes of one token, plus how many it has seen (saturating at N).
+/// Max of probabilities = min of codes. 8 bytes for N <= 7. Host+device.
+template <int N>
+struct AttentionHistory {
+  static_assert(N >= 1 && N <= 7, "kvc::qaq::AttentionHistory: window n must be in [1, 7]");
+  std::uint8_t code[N];
+  std::uint8_t seen;
+  KVC_HOST_DEVICE void reset() noexcept {
+    for (int i = 0; i < N; ++i) code[i] = ProbCode::kZero;
+    seen = 0;
+  }
+  /// Records probability p (the newest observation replaces the oldest).
+  KVC_HOST_DEVICE void push(float p) noexcept {
+    for (int i = N - 1; i > 0; --i) code[i] = code[i - 1];
+    code[0] = ProbCode::encode(p);
+    if (seen < N) ++seen;
+  }
+  KVC_HOST_DEVICE bool full() const noexcept { return seen >= N; }
+  /// S^_t: the largest of the recorded probabilities (0 before any).
+  KVC_HOST_DEVICE float s_hat() const noexcept {
+    std::uint8_t m = ProbCode::kZero;
+    for (int i = 0; i < N; ++i) m = code[i] < m ? code[i] : m;
+    return ProbCode::decode(m);
+  }
+};
+
+/// Bisection in log space for the target (in [lo, hi], both > 0) at which `average_bits(target)`, a
+/// non-increasing function (larger targets allow fewer bits), reaches `want`: returns the largest target
+/// tried whose average is >= want (the cheapest target that still spends the requested bits), after `iters`
+/// halvings of log(hi / lo). Host only (calls the caller's function).
+template <class F>
+double calibrate_target(F&& average_bits, double want, double lo, double hi, int iters = 40) {
+  double a = std::log(lo), b = std::log(hi);
+  if (average_bits(hi) >= want) return hi;
+  if (average_bits(lo) < want) return lo;
+  for (int i = 0; i < iters; ++i) {
+    const double m = 0.5 * (a + b);
+    if (average_bits(std::exp(m)) >= want) a = m;
+    else b = m;
+  }
+  return std::exp(a);
+}
+}  // namespace kvc::qaq

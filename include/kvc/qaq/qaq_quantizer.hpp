@@ -1,0 +1,112 @@
+// kvc: nvcc-safe
+/// \file qaq_quantizer.hpp
+/// `kvc::QaqQuantizer`: QAQ's per-token adaptive-width quantizer (SPEC §2; paper: seeds/qaq-paper.txt).
+///
+/// One side (keys or values) of one (layer, KV head, token) is quantized on its own:
+///  - outliers (SPEC §2.5, [code]): the k smallest and the k largest of the d values, k = ceil(alpha/2 * d)
+///    with alpha = OutlierPermille / 1000 the total fraction (d = 64 or 128 at 1 %: k = 1), stay exact
+///    (fp16 value and uint8 channel); ties go to the lower channel;
+///  - the rest: the midpoint codec (SPEC Q-B) over [lo, hi] of the non-outliers, codes
+///    floor((x - lo) / step_b) and x^ = lo + (code + 1/2) step_b.
+/// Width nesting (our choice, SPEC §2.6 leaves it open): the step at width b is step_max * 2^(B_max - b),
+/// step_max = (hi - lo) / 2^B_max rounded up to fp16. So the width-b code is the B_max code >> (B_max - b)
+/// exactly, for every range (fp16-subnormal steps included): lowering a width is a shift of the stored
+/// codes, and re-quantizing the original (the mirror) at any width gives the same codes as lowering.
+/// The per-token metadata (lo, step_max) and the outliers do not depend on the width.
+/// Error bound: |x - x^| <= step_b / 2 for every non-outlier; outliers are exact.
+/// The width decisions use range_bound = step_max * 2^B_max (>= hi - lo, within one fp16 rounding), which
+/// the stored metadata gives back.
+/// Host+device: the host cache, the CPU attention and the CUDA kernels share this struct.
+#pragma once
+
+#include <kvc/config.hpp>
+#include <kvc/core/concepts.hpp>
+#include <kvc/core/numeric.hpp>
+#include <kvc/qaq/bit_width.hpp>
+#include <kvc/quant/codec.hpp>
+
+#include <cstdint>
+
+namespace kvc {
+
+/// QAQ (SPEC §2): per-token widths in [BMin, BMax], recomputed every decode step from the error targets.
+/// \tparam BMin, BMax       width range (SPEC Q2 default [1, 8]; 1 <= BMin <= BMax <= 8)
+/// \tparam OutlierPermille  alpha in 1/1000, the total over both ends (paper: 1 % = 10; 0 disables outliers)
+/// \tparam Window           n, the attention window of S^_t (paper: 5; 1 = the current probability)
+/// \tparam Bounds           the error model (qaq::PaperBounds)
+template <int BMin = 1, int BMax = 8, int OutlierPermille = 10, int Window = 5, class Bounds = qaq::PaperBounds>
+struct QaqQuantizer {
+  static_assert(BMin >= 1 && BMin <= BMax && BMax <= 8, "kvc::QaqQuantizer: widths must satisfy 1 <= BMin <= BMax <= 8");
+  static_assert(OutlierPermille >= 0 && OutlierPermille <= 500,
+                "kvc::QaqQuantizer: OutlierPermille (alpha, total over both ends) must be in [0, 500]");
+  static_assert(Window >= 1 && Window <= 7, "kvc::QaqQuantizer: the attention window n must be in [1, 7]");
+  using policy_kind = kind::adaptive_quantizer;
+  using codec = MidpointCodec;
+  using bounds = Bounds;
+  using history = qaq::AttentionHistory<Window>;
+  static constexpr int kMinBits = BMin;
+  static constexpr int kMaxBits = BMax;
+  static constexpr int kOutlierPermille = OutlierPermille;
+  static constexpr int kWindow = Window;
+  static constexpr int kMaxHeadDim = 256;  ///< outlier channels are uint8
+  static constexpr const char* name() noexcept { return "qaq"; }
+  KVC_HOST_DEVICE static constexpr qaq::WidthRange widths() noexcept { return {BMin, BMax}; }
+
+  /// k: outliers at each end of a token's d values.
+  KVC_HOST_DEVICE static constexpr int outliers_per_end(int d) noexcept { return (OutlierPermille * d + 1999) / 2000; }
+  KVC_HOST_DEVICE static constexpr int outliers(int d) noexcept { return 2 * outliers_per_end(d); }
+
+  /// Quantizes x[0, d) (d <= kMaxHeadDim; values representable in fp16: the mirror's): codes[c] = the B_max
+  /// code of every channel (outliers too, clamped; reconstruction replaces them), out_idx/out_val[0, outliers(d))
+  /// the outliers (the k smallest ascending, then the k largest descending). Returns (lo, step_max).
+  KVC_HOST_DEVICE static QuantMeta quantize(const float* x, int d, std::uint8_t* codes, std::uint8_t* out_idx,
+                                            half_t* out_val) noexcept {
+    std::uint32_t taken[kMaxHeadDim / 32] = {};
+    auto is_taken = [&](int c) { return (taken[c >> 5] >> (c & 31)) & 1u; };
+    const int k = outliers_per_end(d);
+    for (int j = 0; j < 2 * k; ++j) {
+      const bool low = j < k;
+      int best = -1;
+      for (int c = 0; c < d; ++c) {
+        if (is_taken(c)) continue;
+        if (best < 0 || (low ? x[c] < x[best] : x[c] > x[best])) best = c;
+      }
+      taken[best >> 5] |= 1u << (best & 31);
+      out_idx[j] = static_cast<std::uint8_t>(best);
+      out_val[j] = half_t::from_float(x[best]);
+    }
+    return quantize_group_masked<codec>(
+        1, d, BMax, [&](int, int c) { return x[c]; }, [&](int, int c, std::uint8_t q) { codes[c] = q; },
+        [&](int, int c) { return !is_taken(c); });
+  }
+
+  /// Step at width b (exact: a power-of-two scaling of an fp16 value).
+  KVC_HOST_DEVICE static float step(QuantMeta m, int b) noexcept {
+    return m.step.to_float() * float(1u << (BMax - b));
+  }
+  /// x^ = zero + scale * code_b at width b.
+  KVC_HOST_DEVICE static Affine affine(QuantMeta m, int b) noexcept {
+    const float w = step(m, b);
+    return {m.lo.to_float() + codec::kZeroOffset * w, w};
+  }
+  /// The width-b code of a B_max code (or of a wider code `from`).
+  KVC_HOST_DEVICE static std::uint8_t narrow(std::uint8_t code, int b, int from = BMax) noexcept {
+    return static_cast<std::uint8_t>(code >> (from - b));
+  }
+  /// Upper bound on the non-outliers' range that the metadata gives back (the width rule's range_t).
+  KVC_HOST_DEVICE static double range_bound(QuantMeta m) noexcept {
+    return double(m.step.to_float()) * double(1u << BMax);
+  }
+  /// Reconstruction of channel c from its width-b code (outliers not applied).
+  KVC_HOST_DEVICE static float decode(QuantMeta m, int b, std::uint8_t code_b) noexcept {
+    const Affine a = affine(m, b);
+    return mul_add_rounded(a.scale, static_cast<float>(code_b), a.zero);
+  }
+  /// Reconstruction of a whole token, x[0, d), from width-b codes codes_b[c] and its outliers.
+  KVC_HOST_DEVICE static void decode_token(QuantMeta m, int b, const std::uint8_t* codes_b, const std::uint8_t* out_idx,
+                                           const half_t* out_val, int d, float* x) noexcept {
+    for (int c = 0; c < d; ++c) x[c] = decode(m, b, codes_b[c]);
+    for (int j = 0; j < outliers(d); ++j) x[out_idx[j]] = out_val[j].to_float();
+  }
+};
+}  // namespace kvc
