@@ -1,8 +1,13 @@
 // QAQ (SPEC §2): the width rule against hand-computed cases and its guards, the attention history, the
 // per-token codec (outliers, exact width nesting, restore from the original), and the calibration file.
+#include <kvc/attention/reference.hpp>
 #include <kvc/qaq/bit_width.hpp>
+#include <kvc/qaq/decode_attention.hpp>
+#include <kvc/qaq/qaq_cache.hpp>
 #include <kvc/qaq/calibration.hpp>
 #include <kvc/qaq/qaq_quantizer.hpp>
+
+#include "test_data.hpp"
 
 #include <gtest/gtest.h>
 
@@ -394,5 +399,217 @@ TEST(QaqCalibration, BadInputsLeaveTheCalibrationUnchanged) {
   EXPECT_EQ(error_of([&] { kvc::qaq::save_calibration(incomplete, path); }), kvc::Errc::kInvalidArgument);
   EXPECT_FALSE(std::filesystem::exists(path));
   EXPECT_EQ(error_of([] { kvc::qaq::QueryNormCalibration(2, 2, 4, 0.0f); }), kvc::Errc::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The mixed-bit cache and its fused attention
+// ---------------------------------------------------------------------------------------------------------
+
+using Qaq = kvc::CompressedKVCache<kvc::QaqQuantizer<>>;
+
+kvc::qaq::QueryNormCalibration unit_calibration(int layers, int kv_heads, int d, float qn2 = 1.0f) {
+  kvc::qaq::QueryNormCalibration c(layers, kv_heads, d);
+  for (float& x : c.qnorm2) x = qn2;
+  c.queries = 1;
+  return c;
+}
+
+struct QaqShape {
+  int d, H, Hq;
+};
+
+class QaqCacheAttention : public ::testing::TestWithParam<QaqShape> {};
+
+// Ragged prefill, then decode steps: after every step the fused output equals the oracle on what the cache
+// holds, the probabilities handed back equal the oracle's (max over the group), and widths move.
+TEST_P(QaqCacheAttention, MatchesTheOracleWhileWidthsChangeEveryStep) {
+  const auto [d, H, Hq] = GetParam();
+  const std::vector<int> prefill{5, 17, 40};
+  const int steps = 24, batch = int(prefill.size());
+  std::vector<kvc_test::KV> x;
+  for (int s = 0; s < batch; ++s) x.push_back(kvc_test::random_kv(prefill[std::size_t(s)] + steps, H, d, 100 + s));
+  Qaq c({1, batch, H, d, 128}, {1e-2, 5e-2}, unit_calibration(1, H, d));
+  for (int s = 0; s < batch; ++s)
+    c.append(0, s, x[std::size_t(s)].kview(0, prefill[std::size_t(s)]), x[std::size_t(s)].vview(0, prefill[std::size_t(s)]));
+  kvc::qaq::TokenProbs probs;
+  for (int step = 0; step < steps; ++step) {
+    for (int s = 0; s < batch; ++s)
+      c.append(0, s, x[std::size_t(s)].kview(prefill[std::size_t(s)] + step, 1),
+               x[std::size_t(s)].vview(prefill[std::size_t(s)] + step, 1));
+    const std::vector<float> q = kvc_test::random_query(batch, Hq, d, 7000 + step);
+    std::vector<float> out(q.size()), want(q.size());
+    for (int s = 0; s < batch; ++s) {
+      const auto kv = kvc_test::dequantize(c, 0, s);
+      const int T = c.length(0, s);
+      kvc::reference::decode_attention(q.data() + std::size_t(s) * Hq * d, Hq, kv.k.data(), kv.v.data(), T, H, d,
+                                       want.data() + std::size_t(s) * Hq * d);
+    }
+    // Probabilities as the oracle sees them, before the step changes widths.
+    std::vector<std::vector<double>> pmax(std::size_t(batch * H));
+    for (int s = 0; s < batch; ++s) {
+      const auto kv = kvc_test::dequantize(c, 0, s);
+      for (int h = 0; h < Hq; ++h) {
+        const auto p = kvc::reference::attention_probabilities(q.data() + (std::size_t(s) * Hq + h) * d, kv.k.data(),
+                                                               c.length(0, s), H, h / (Hq / H), d);
+        auto& m = pmax[std::size_t(s * H + h / (Hq / H))];
+        if (m.empty()) m = p;
+        for (std::size_t t = 0; t < p.size(); ++t) m[t] = std::max(m[t], p[t]);
+      }
+    }
+    kvc::qaq_decode_step(c, 0, kvc::QueryView::contiguous(q.data(), batch, Hq, d),
+                         kvc::OutputView::contiguous(out.data(), batch, Hq, d), {}, probs);
+    double vmax = 0.0;
+    for (const auto& k : x) vmax = std::max(vmax, double(kvc_test::max_abs(k.v)));
+    for (std::size_t i = 0; i < out.size(); ++i)
+      ASSERT_NEAR(out[i], want[i], 2e-5 * (vmax + 1.0)) << "step " << step << " element " << i;
+    for (int s = 0; s < batch; ++s)
+      for (int h = 0; h < H; ++h)
+        for (int t = 0; t < c.length(0, s); ++t)
+          ASSERT_NEAR(probs.row(s, h)[t], pmax[std::size_t(s * H + h)][std::size_t(t)], 1e-5)
+              << "step " << step << " seq " << s << " head " << h << " token " << t;
+  }
+  // Widths did move: both sides hold several widths, and some tokens sit below B_max.
+  for (int side = 0; side < 2; ++side) {
+    const auto n = c.width_counts(0, side);
+    int used = 0;
+    for (int b = 1; b <= 8; ++b) used += n[std::size_t(b)] > 0;
+    EXPECT_GE(used, 3) << "side " << side;
+    EXPECT_LT(n[8], std::size_t(batch * H) * (40 + steps)) << "side " << side;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, QaqCacheAttention,
+                         ::testing::Values(QaqShape{64, 2, 2}, QaqShape{64, 1, 3}, QaqShape{128, 2, 8}, QaqShape{128, 3, 9}),
+                         [](const auto& i) {
+                           return "d" + std::to_string(i.param.d) + "_kv" + std::to_string(i.param.H) + "_q" +
+                                  std::to_string(i.param.Hq);
+                         });
+
+/// Every record of (layer 0, seq) reconstructs exactly as the original (x) quantized at the record's width.
+void expect_records_are_the_original_at_their_width(const Qaq& c, int seq, const kvc_test::KV& x) {
+  using Q = Qaq::quantizer;
+  const int d = x.d;
+  for (int h = 0; h < x.H; ++h)
+    for (int side = 0; side < 2; ++side) {
+      const auto& sd = side == 0 ? c.keys(0, seq, h) : c.values(0, seq, h);
+      c.for_each_record(sd, [&](const std::byte* r, int b) {
+        const std::uint32_t t = Qaq::record::token(r, d, b, c.id_bytes());
+        const std::size_t n = static_cast<std::size_t>(d);
+        std::vector<float> orig(n), got(n), fresh(n);
+        for (int i = 0; i < d; ++i)
+          orig[std::size_t(i)] = kvc::half_t::from_float((side == 0 ? x.k : x.v)[x.at(int(t), h, i)]).to_float();
+        Qaq::record::decode(r, d, b, got.data());
+        const Coded f = code<Q>(orig);
+        std::vector<std::uint8_t> cb(n);
+        for (int i = 0; i < d; ++i) cb[std::size_t(i)] = Q::narrow(f.codes[std::size_t(i)], b);
+        Q::decode_token(f.m, b, cb.data(), f.idx.data(), f.val.data(), d, fresh.data());
+        ASSERT_EQ(got, fresh) << "side " << side << " head " << h << " token " << t << " width " << b;
+      });
+    }
+}
+
+TEST(QaqCache, LoweringShiftsAndRaisingRestoresFromTheMirror) {
+  const int d = 64, H = 2, T = 60;
+  const kvc_test::KV x = kvc_test::random_kv(T, H, d, 42);
+  Qaq c({1, 1, H, d, 64}, {1.0, 1.0}, unit_calibration(1, H, d));
+  c.append(0, 0, x.kview(0, T), x.vview(0, T));
+  expect_records_are_the_original_at_their_width(c, 0, x);  // all at B_max
+  EXPECT_EQ(c.width_counts(0, 0)[8], std::size_t(H * T));
+  kvc::qaq::TokenProbs probs;
+  probs.resize(1, H, T);
+  for (int h = 0; h < H; ++h)
+    for (int t = 0; t < T; ++t) probs.row(0, h)[t] = 1.0f / float(1 + t);
+  for (int i = 0; i < 4; ++i) c.update_widths(0, probs);  // fewer than n = 5 observations: B_max stays
+  EXPECT_EQ(c.width_counts(0, 0)[8], std::size_t(H * T));
+  EXPECT_EQ(c.width_counts(0, 1)[8], std::size_t(H * T));
+  c.update_widths(0, probs);  // the fifth: loose targets lower everything
+  const double loose_k = c.average_width(0), loose_v = c.average_width(1);
+  EXPECT_LT(loose_k, 3.0);
+  EXPECT_LT(loose_v, 3.0);
+  expect_records_are_the_original_at_their_width(c, 0, x);
+  c.set_targets({1e-4, 1e-4});
+  c.update_widths(0, probs);  // tight targets: raised from the mirror
+  EXPECT_GT(c.average_width(0), loose_k + 2.0);
+  EXPECT_GT(c.average_width(1), loose_v + 2.0);
+  expect_records_are_the_original_at_their_width(c, 0, x);
+  c.set_targets({3e-2, 3e-2});
+  c.update_widths(0, probs);  // and down again, by shifts
+  expect_records_are_the_original_at_their_width(c, 0, x);
+  // Attention-aware values: the most attended token holds at least the width of the least attended one.
+  int first = -1, last = -1;
+  c.for_each_record(c.values(0, 0, 0), [&](const std::byte* r, int b) {
+    const auto t = Qaq::record::token(r, d, b, c.id_bytes());
+    if (t == 0) first = b;
+    if (t == std::uint32_t(T - 1)) last = b;
+  });
+  EXPECT_GE(first, last);
+}
+
+TEST(QaqCache, AccountingCountsRecordsHistoriesAndTheMirrorApart) {
+  const int d = 64, H = 2, T = 10;
+  const kvc_test::KV x = kvc_test::random_kv(T, H, d, 9);
+  Qaq c({1, 1, H, d, 100}, {1e-2, 1e-2}, unit_calibration(1, H, d));
+  EXPECT_EQ(c.id_bytes(), 2);
+  c.append(0, 0, x.kview(0, T), x.vview(0, T));
+  // Per token and KV head: two records at 8 bits of 4 (lo, step) + 64 (codes) + 2 x 3 (outliers) + 2 (id) bytes,
+  // and the 6-byte history.
+  EXPECT_EQ(c.stored_bytes(), std::size_t(T * H * (2 * 76 + 6)));
+  EXPECT_DOUBLE_EQ(c.bits_per_element(), 8.0 * (2 * 76 + 6) / (2 * 64));
+  EXPECT_EQ(c.mirror_bytes(), std::size_t(T * H * 2 * d * 2));
+  EXPECT_EQ(c.decode_read_bytes(0), c.stored_bytes(0));
+  Qaq big({1, 1, H, d, 70000}, {1e-2, 1e-2}, unit_calibration(1, H, d));
+  EXPECT_EQ(big.id_bytes(), 4);
+}
+
+TEST(QaqCache, BadInputIsRejectedAndLeavesTheCacheUnchanged) {
+  const int d = 64, H = 2, T = 12;
+  const kvc_test::KV x = kvc_test::random_kv(T, H, d, 4);
+  const auto calib = unit_calibration(1, H, d);
+  EXPECT_EQ(error_of([&] { Qaq({1, 1, H, d, 64}, {0.0, 1.0}, calib); }), kvc::Errc::kInvalidArgument);
+  EXPECT_EQ(error_of([&] { Qaq({1, 1, H, d, 64}, {1.0, std::nan("")}, calib); }), kvc::Errc::kInvalidArgument);
+  EXPECT_EQ(error_of([&] { Qaq({1, 1, 3, d, 64}, {1.0, 1.0}, calib); }), kvc::Errc::kInvalidArgument);  // shape
+  EXPECT_EQ(error_of([&] { Qaq({1, 1, H, 272, 64}, {1.0, 1.0}, unit_calibration(1, H, 272)); }),
+            kvc::Errc::kInvalidArgument);  // head_dim > 256
+  kvc::qaq::QueryNormCalibration unset(1, H, d);
+  unset.queries = 1;
+  EXPECT_EQ(error_of([&] { Qaq({1, 1, H, d, 64}, {1.0, 1.0}, unset); }), kvc::Errc::kInvalidArgument);
+
+  Qaq c({1, 2, H, d, 16}, {1e-2, 1e-2}, calib);
+  c.append(0, 0, x.kview(0, 8), x.vview(0, 8));
+  c.append(0, 1, x.kview(0, 3), x.vview(0, 3));
+  const auto before = kvc_test::dequantize(c, 0, 0);
+  const std::size_t bytes = c.stored_bytes();
+  auto unchanged = [&] {
+    EXPECT_EQ(c.length(0, 0), 8);
+    EXPECT_EQ(c.stored_bytes(), bytes);
+    const auto now = kvc_test::dequantize(c, 0, 0);
+    EXPECT_TRUE(kvc_test::bytes_equal(now.k, before.k) && kvc_test::bytes_equal(now.v, before.v));
+  };
+  kvc_test::KV bad = x.prefix(2);
+  bad.k[std::size_t(d + 5)] = std::nanf("");
+  EXPECT_EQ(error_of([&] { c.append(0, 0, bad.kview(0, 2), bad.vview(0, 2)); }), kvc::Errc::kNonFinite);
+  unchanged();
+  bad = x.prefix(2);
+  bad.v[3] = 1e6f;
+  EXPECT_EQ(error_of([&] { c.append(0, 0, bad.kview(0, 2), bad.vview(0, 2)); }), kvc::Errc::kOutOfRange);
+  unchanged();
+  EXPECT_EQ(error_of([&] { c.append(0, 0, x.kview(0, 9), x.vview(0, 9)); }), kvc::Errc::kCapacityExceeded);
+  unchanged();
+  kvc::qaq::TokenProbs probs;
+  probs.resize(2, H, 8);
+  probs.row(0, 1)[7] = 1.5f;
+  EXPECT_EQ(error_of([&] { c.update_widths(0, probs); }), kvc::Errc::kInvalidArgument);
+  unchanged();
+  probs.resize(2, H, 4);  // too short for sequence 0
+  EXPECT_EQ(error_of([&] { c.update_widths(0, probs); }), kvc::Errc::kInvalidArgument);
+  unchanged();
+  const std::vector<float> q = kvc_test::random_query(1, H, d, 3);
+  std::vector<float> out(q.size());
+  EXPECT_EQ(error_of([&] {
+              kvc::qaq_decode_step(c, 0, kvc::QueryView::contiguous(q.data(), 1, H, d),
+                                   kvc::OutputView::contiguous(out.data(), 1, H, d), {}, probs);
+            }),
+            kvc::Errc::kInvalidArgument);  // one of two sequences
+  unchanged();
 }
 }  // namespace

@@ -19,8 +19,11 @@
 #include <kvc/qaq/bit_width.hpp>
 #include <kvc/qaq/calibration.hpp>
 #include <kvc/qaq/qaq_quantizer.hpp>
+#include <kvc/qaq/record_format.hpp>
 #include <kvc/cache/cache_layout.hpp>
 #include <kvc/cache/compressed_kv_cache.hpp>
 #include <kvc/attention/decode_attention.hpp>
 #include <kvc/attention/reference.hpp>
+#include <kvc/qaq/qaq_cache.hpp>
+#include <kvc/qaq/decode_attention.hpp>
 #include <kvc/schemes.hpp>

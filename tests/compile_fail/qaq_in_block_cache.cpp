@@ -1,7 +1,7 @@
 // expect: kvc::QaqQuantizer gives every token its own width
-// QAQ's widths change per token and step; the fixed-width block cache must refuse it at compile time
-// instead of silently storing fp16.
+// QAQ's widths change per token and step; its cache is CompressedKVCache<QaqQuantizer<...>> alone, so a
+// composition with a selector must be refused at compile time instead of silently storing fp16.
 #include <kvc/kvc.hpp>
 
-using Bad = kvc::CompressedKVCache<kvc::QaqQuantizer<>>;
+using Bad = kvc::CompressedKVCache<kvc::QaqQuantizer<>, kvc::FullPrecisionWindow<16>>;
 static_assert(sizeof(Bad) > 0);

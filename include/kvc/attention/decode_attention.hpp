@@ -176,6 +176,30 @@ KernelFns<Layout> kernel_fns(Isa isa) noexcept {
 }
 }  // namespace detail
 
+namespace detail {
+/// The checks every decode attention makes of its query and output before it reads anything: shapes
+/// against a cache of `batch` sequences (lengths[s] tokens), kv_heads x head_dim, non-empty sequences,
+/// a finite query.
+inline void check_decode_inputs(int batch, int kv_heads, int head_dim, const int* lengths, QueryView q, OutputView out) {
+  KVC_CHECK(q.dim0 >= 1 && q.dim0 <= batch, Errc::kInvalidArgument, "query holds ", q.dim0,
+            " sequences; the cache has ", batch);
+  KVC_CHECK(q.dim2 == head_dim, Errc::kInvalidArgument, "query head_dim ", q.dim2, " != cache head_dim ", head_dim);
+  KVC_CHECK(q.dim1 >= kv_heads && q.dim1 % kv_heads == 0, Errc::kInvalidArgument, "query heads ", q.dim1,
+            " are not a positive multiple of the cache's ", kv_heads, " KV heads");
+  KVC_CHECK(out.dim0 == q.dim0 && out.dim1 == q.dim1 && out.dim2 == q.dim2, Errc::kInvalidArgument,
+            "output shape [", out.dim0, "][", out.dim1, "][", out.dim2, "] != query shape [", q.dim0, "][", q.dim1,
+            "][", q.dim2, "]");
+  KVC_CHECK(q.data != nullptr && out.data != nullptr, Errc::kInvalidArgument, "null query or output");
+  for (int s = 0; s < q.dim0; ++s)
+    KVC_CHECK(lengths[s] > 0, Errc::kInvalidArgument, "sequence ", s, " is empty: nothing to attend to");
+  for (int s = 0; s < q.dim0; ++s)
+    for (int h = 0; h < q.dim1; ++h)
+      for (int c = 0; c < q.dim2; ++c)
+        KVC_CHECK(std::isfinite(q.row(s, h)[c]), Errc::kNonFinite, "query sequence ", s, " head ", h, " channel ", c,
+                  " is not finite");
+}
+}  // namespace detail
+
 /// Checks AttentionOptions (throws kvc::Error naming the bad field); returns the SIMD path they
 /// resolve to (see resolve_isa).
 inline Isa validate(const AttentionOptions& opt) {
@@ -196,24 +220,7 @@ inline Isa validate(const AttentionOptions& opt) {
 /// Sequence i attends to the cache's sequence i, which must hold at least one token.
 template <class Layout>
 void decode_attention(const typename Layout::Params& p, QueryView q, OutputView out, const AttentionOptions& opt = {}) {
-  KVC_CHECK(q.dim0 >= 1 && q.dim0 <= p.batch, Errc::kInvalidArgument, "query holds ", q.dim0,
-            " sequences; the cache has ", p.batch);
-  KVC_CHECK(q.dim2 == p.head_dim, Errc::kInvalidArgument, "query head_dim ", q.dim2, " != cache head_dim ",
-            p.head_dim);
-  KVC_CHECK(q.dim1 >= p.kv_heads && q.dim1 % p.kv_heads == 0, Errc::kInvalidArgument, "query heads ", q.dim1,
-            " are not a positive multiple of the cache's ", p.kv_heads, " KV heads");
-  KVC_CHECK(out.dim0 == q.dim0 && out.dim1 == q.dim1 && out.dim2 == q.dim2, Errc::kInvalidArgument,
-            "output shape [", out.dim0, "][", out.dim1, "][", out.dim2, "] != query shape [", q.dim0, "][", q.dim1,
-            "][", q.dim2, "]");
-  KVC_CHECK(q.data != nullptr && out.data != nullptr, Errc::kInvalidArgument, "null query or output");
-  for (int s = 0; s < q.dim0; ++s)
-    KVC_CHECK(p.lengths[s] > 0, Errc::kInvalidArgument, "sequence ", s, " is empty: nothing to attend to");
-  for (int s = 0; s < q.dim0; ++s)
-    for (int h = 0; h < q.dim1; ++h)
-      for (int c = 0; c < q.dim2; ++c)
-        KVC_CHECK(std::isfinite(q.row(s, h)[c]), Errc::kNonFinite, "query sequence ", s, " head ", h, " channel ", c,
-                  " is not finite");
-
+  detail::check_decode_inputs(p.batch, p.kv_heads, p.head_dim, p.lengths, q, out);
   const Isa isa = validate(opt);
 
   const int g = q.dim1 / p.kv_heads, d = p.head_dim, nseq = q.dim0;

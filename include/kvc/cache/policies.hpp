@@ -122,8 +122,9 @@ struct cache_checks {
                 "kvc::PartialLogWindow: GEAR's corrections and LiteralMode need each value's exact row when its "
                 "block is compressed; correct keys only (OutlierFilter on keys) or use LogWindow");
   static_assert(detail::count_kind<kind::adaptive_quantizer, P...> == 0,
-                "kvc::QaqQuantizer gives every token its own width, changed every step: it needs mixed-bit storage "
-                "(per-width buckets) that this block cache does not hold yet; fixed-width quantizers only here");
+                "kvc::QaqQuantizer gives every token its own width, changed every step: its cache is "
+                "CompressedKVCache<QaqQuantizer<...>> alone (mixed-bit buckets, <kvc/qaq/qaq_cache.hpp>), with no "
+                "selector, block size, second quantizer or GEAR correction");
   static_assert(detail::count_kind<kind::loader, P...> == 0,
                 "kvc: loader policies are not supported by CompressedKVCache yet");
   static_assert(std::is_void_v<typename R::streaming> || std::is_same_v<typename R::streaming, LiteralMode>,

@@ -1,0 +1,337 @@
+/// \file qaq_cache.hpp
+/// `kvc::CompressedKVCache<QaqQuantizer<...>>`: QAQ's cache (SPEC §2.6, §2.10), a host container with
+/// real mixed-bit storage.
+///
+/// Per (layer, sequence, KV head) and side, one bucket per width b in [BMin, BMax]: an array of fixed-size
+/// records (qaq/record_format.hpp), each one token at width b, in any order (attention is permutation-
+/// invariant; a record names its token). Beside them, per token: its attention history (the last n
+/// probabilities as 8-bit codes, qaq::AttentionHistory) and, in a separate buffer, the full-precision
+/// mirror (the original K and V as fp16) from which raised widths are re-quantized.
+/// Life of a token: append() quantizes it at BMax (fewer than n observations: SPEC §2.4 [code]); after
+/// every decode step, update_widths() records the step's probabilities (decode_attention hands them back)
+/// and moves every token whose width changed: lowering shifts its codes, raising re-quantizes the mirror.
+/// Accounting: stored_bytes() counts the records (codes, lo/step, outliers with their channels, token ids)
+/// and the attention histories: the compressed cache that decode reads and updates. mirror_bytes()
+/// reports the mirror separately (SPEC §2.10; host memory in the paper). bits_per_element() uses
+/// stored_bytes(). Host only.
+#pragma once
+
+#include <kvc/config.hpp>
+#include <kvc/cache/compressed_kv_cache.hpp>
+#include <kvc/core/error.hpp>
+#include <kvc/core/numeric.hpp>
+#include <kvc/core/view.hpp>
+#include <kvc/qaq/bit_width.hpp>
+#include <kvc/qaq/calibration.hpp>
+#include <kvc/qaq/qaq_quantizer.hpp>
+#include <kvc/qaq/record_format.hpp>
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace kvc {
+
+namespace qaq {
+/// Per-token attention probabilities of one decode step of one layer: [batch][kv_heads][stride], entry t
+/// the largest probability token t received from the query heads of the KV head (SPEC Q6), t < length.
+struct TokenProbs {
+  int batch = 0, kv_heads = 0, stride = 0;
+  std::vector<float> p;
+  void resize(int batch_, int kv_heads_, int stride_) {
+    batch = batch_, kv_heads = kv_heads_, stride = stride_;
+    p.assign(std::size_t(batch_) * kv_heads_ * stride_, 0.0f);
+  }
+  [[nodiscard]] float* row(int seq, int head) noexcept { return p.data() + (std::size_t(seq) * kv_heads + head) * stride; }
+  [[nodiscard]] const float* row(int seq, int head) const noexcept {
+    return p.data() + (std::size_t(seq) * kv_heads + head) * stride;
+  }
+};
+}  // namespace qaq
+
+template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds>
+class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>> {
+ public:
+  using quantizer = QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>;
+  using record = qaq::RecordFormat<quantizer>;
+  using history = typename quantizer::history;
+  static constexpr int kWidths = BMax - BMin + 1;
+
+  /// One stream side's buckets; bucket[b - BMin] holds the records of width b.
+  struct Side {
+    std::array<std::vector<std::byte>, kWidths> bucket;
+  };
+
+  /// cfg as for every cache (head_dim <= 256: outlier channels are uint8); targets > 0 and finite;
+  /// calibration of the same layers, KV heads and head_dim.
+  CompressedKVCache(const CacheConfig& cfg, qaq::Targets targets, qaq::QueryNormCalibration calibration)
+      : cfg_(cfg), calib_(std::move(calibration)) {
+    KVC_CHECK(cfg.layers > 0 && cfg.batch > 0 && cfg.kv_heads > 0 && cfg.head_dim > 0 && cfg.capacity > 0,
+              Errc::kInvalidArgument, "cache config needs positive layers, batch, kv_heads, head_dim and capacity (got ",
+              cfg.layers, ", ", cfg.batch, ", ", cfg.kv_heads, ", ", cfg.head_dim, ", ", cfg.capacity, ")");
+    KVC_CHECK(cfg.head_dim % 16 == 0 && cfg.head_dim <= quantizer::kMaxHeadDim, Errc::kInvalidArgument, "QAQ: head_dim ",
+              cfg.head_dim, " must be a multiple of 16 and at most ", quantizer::kMaxHeadDim, " (uint8 outlier channels)");
+    calib_.check_shape(cfg.layers, cfg.kv_heads, cfg.head_dim);
+    for (float q : calib_.qnorm2)
+      KVC_CHECK(std::isfinite(q) && q > 0.0f, Errc::kInvalidArgument, "QAQ calibration holds ", q,
+                " (entries must be finite and positive: set every layer)");
+    set_targets(targets);
+    id_bytes_ = cfg.capacity <= 65536 ? 2 : 4;
+    const std::size_t streams = std::size_t(cfg.layers) * cfg.batch * cfg.kv_heads;
+    keys_.resize(streams);
+    values_.resize(streams);
+    hist_.resize(streams);
+    mirror_k_.resize(streams);
+    mirror_v_.resize(streams);
+    lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
+  }
+
+  /// Changes the error targets (SPEC Q1); they take effect at the next update_widths().
+  void set_targets(qaq::Targets t) {
+    KVC_CHECK(std::isfinite(t.key_sigma_s) && t.key_sigma_s > 0.0 && std::isfinite(t.value_sigma_x) && t.value_sigma_x > 0.0,
+              Errc::kInvalidArgument, "QAQ targets must be finite and positive (sigma_S ", t.key_sigma_s, ", sigma_X ",
+              t.value_sigma_x, ")");
+    targets_ = t;
+  }
+  [[nodiscard]] qaq::Targets targets() const noexcept { return targets_; }
+  [[nodiscard]] const CacheConfig& config() const noexcept { return cfg_; }
+  [[nodiscard]] int id_bytes() const noexcept { return id_bytes_; }
+  [[nodiscard]] int length(int layer, int seq) const {
+    check_index(layer, seq);
+    return lengths_[std::size_t(layer) * cfg_.batch + seq];
+  }
+  [[nodiscard]] const Side& keys(int layer, int seq, int head) const { return keys_[stream(layer, seq, head)]; }
+  [[nodiscard]] const Side& values(int layer, int seq, int head) const { return values_[stream(layer, seq, head)]; }
+  /// Records in a bucket of width b (bytes / record size).
+  [[nodiscard]] std::size_t records(const Side& s, int b) const {
+    return s.bucket[std::size_t(b - BMin)].size() / record::bytes(cfg_.head_dim, b, id_bytes_);
+  }
+
+  /// Appends k.dim0 tokens (prefill or one decode token): mirror, then a record at BMax per side.
+  /// k, v: [tokens][kv_heads][head_dim], finite, |x| <= 65504. Validates everything first.
+  void append(int layer, int seq, KVView k, KVView v) {
+    check_index(layer, seq);
+    int& n = lengths_[std::size_t(layer) * cfg_.batch + seq];
+    using rules = detail::CacheRules<typename CompressedKVCache<NoQuantizer<half_t>>::layout>;
+    if (rules::check_append_shape(cfg_, layer, seq, n, k, v) == 0) return;
+    rules::check_values(k, "key");
+    rules::check_values(v, "value");
+    const int d = cfg_.head_dim;
+    for (int h = 0; h < cfg_.kv_heads; ++h) {
+      const std::size_t s = stream(layer, seq, h);
+      for (int t = 0; t < k.dim0; ++t) {
+        const std::uint32_t id = std::uint32_t(n + t);
+        for (int side = 0; side < 2; ++side) {
+          const float* src = (side == 0 ? k : v).row(t, h);
+          auto& mirror = side == 0 ? mirror_k_[s] : mirror_v_[s];
+          for (int c = 0; c < d; ++c) mirror.push_back(half_t::from_float(src[c]));
+          put(side == 0 ? keys_[s] : values_[s], mirror.data() + std::size_t(id) * d, BMax, id);
+        }
+        history h0;
+        h0.reset();
+        hist_[s].push_back(h0);
+      }
+    }
+    n += k.dim0;
+  }
+
+  /// SPEC §2.6 after a decode step of `layer`: records every token's probability (probs from
+  /// decode_attention), then moves each token whose width changes (lowering: a shift of its codes;
+  /// raising: re-quantized from the mirror). Probabilities must be finite and in [0, 1]; validated first.
+  void update_widths(int layer, const qaq::TokenProbs& probs) {
+    check_index(layer, 0);
+    KVC_CHECK(probs.batch == cfg_.batch && probs.kv_heads == cfg_.kv_heads, Errc::kInvalidArgument,
+              "QAQ probabilities are for ", probs.batch, " sequences x ", probs.kv_heads, " KV heads, the cache has ",
+              cfg_.batch, " x ", cfg_.kv_heads);
+    for (int s = 0; s < cfg_.batch; ++s) {
+      const int T = length(layer, s);
+      KVC_CHECK(T <= probs.stride, Errc::kInvalidArgument, "QAQ probabilities hold ", probs.stride,
+                " tokens per stream, sequence ", s, " holds ", T);
+      for (int h = 0; h < cfg_.kv_heads; ++h)
+        for (int t = 0; t < T; ++t) {
+          const float p = probs.row(s, h)[t];
+          KVC_CHECK(std::isfinite(p) && p >= 0.0f && p <= 1.0f, Errc::kInvalidArgument, "QAQ probability of sequence ",
+                    s, " KV head ", h, " token ", t, " is ", p, " (must be in [0, 1])");
+        }
+    }
+    for (int s = 0; s < cfg_.batch; ++s) {
+      const int T = length(layer, s);
+      for (int h = 0; h < cfg_.kv_heads; ++h) {
+        const std::size_t st = stream(layer, s, h);
+        for (int t = 0; t < T; ++t) hist_[st][std::size_t(t)].push(probs.row(s, h)[t]);
+        rebucket(st, T, true, double(calib_.at(layer, h)));
+        rebucket(st, T, false, 0.0);
+      }
+    }
+  }
+
+  /// The width the rule gives token t of a stream at length T (keys: `key`; qnorm2 from the calibration).
+  [[nodiscard]] int width(const history& hist, QuantMeta m, int T, bool key, double qnorm2) const {
+    if (!hist.full()) return BMax;  // fewer than n observations
+    const double range = quantizer::range_bound(m);
+    return key ? qaq::key_width<Bounds>(range, T, targets_.key_sigma_s, qnorm2, quantizer::widths())
+               : qaq::value_width<Bounds>(range, T, targets_.value_sigma_x, double(hist.s_hat()), quantizer::widths());
+  }
+
+  /// Forgets sequence `seq` in every layer.
+  void clear(int seq) {
+    check_index(0, seq);
+    for (int l = 0; l < cfg_.layers; ++l) {
+      lengths_[std::size_t(l) * cfg_.batch + seq] = 0;
+      for (int h = 0; h < cfg_.kv_heads; ++h) {
+        const std::size_t st = stream(l, seq, h);
+        keys_[st] = Side{};
+        values_[st] = Side{};
+        hist_[st].clear();
+        mirror_k_[st].clear();
+        mirror_v_[st].clear();
+      }
+    }
+  }
+
+  /// Reconstruction of (layer, seq) as attention sees it, k, v: [length][kv_heads][head_dim] (tests).
+  void dequantize(int layer, int seq, float* k, float* v) const {
+    const int d = cfg_.head_dim, H = cfg_.kv_heads;
+    for (int h = 0; h < H; ++h) {
+      const std::size_t st = stream(layer, seq, h);
+      for (int side = 0; side < 2; ++side) {
+        const Side& sd = side == 0 ? keys_[st] : values_[st];
+        float* out = side == 0 ? k : v;
+        for_each_record(sd, [&](const std::byte* r, int b) {
+          const std::uint32_t t = record::token(r, d, b, id_bytes_);
+          record::decode(r, d, b, out + (std::size_t(t) * H + h) * d);
+        });
+      }
+    }
+  }
+
+  /// Calls f(record, width) for every record of one side.
+  template <class F>
+  void for_each_record(const Side& sd, F&& f) const {
+    for (int b = BMin; b <= BMax; ++b) {
+      const std::size_t rb = record::bytes(cfg_.head_dim, b, id_bytes_);
+      const std::vector<std::byte>& bk = sd.bucket[std::size_t(b - BMin)];
+      for (std::size_t o = 0; o < bk.size(); o += rb) f(bk.data() + o, b);
+    }
+  }
+
+  /// Tokens of one layer (and, with side 0/1, of keys/values) per width b in [0, 8]: a width histogram.
+  [[nodiscard]] std::array<std::size_t, 9> width_counts(int layer, int side) const {
+    std::array<std::size_t, 9> n{};
+    for (int s = 0; s < cfg_.batch; ++s)
+      for (int h = 0; h < cfg_.kv_heads; ++h) {
+        const Side& sd = side == 0 ? keys_[stream(layer, s, h)] : values_[stream(layer, s, h)];
+        for (int b = BMin; b <= BMax; ++b) n[std::size_t(b)] += records(sd, b);
+      }
+    return n;
+  }
+
+  /// Bytes of the compressed cache of one layer: records and attention histories (see the file comment).
+  [[nodiscard]] std::size_t stored_bytes(int layer) const {
+    check_index(layer, 0);
+    std::size_t total = 0;
+    for (int s = 0; s < cfg_.batch; ++s)
+      for (int h = 0; h < cfg_.kv_heads; ++h) {
+        const std::size_t st = stream(layer, s, h);
+        for (int b = 0; b < kWidths; ++b) total += keys_[st].bucket[std::size_t(b)].size() + values_[st].bucket[std::size_t(b)].size();
+        total += hist_[st].size() * sizeof(history);
+      }
+    return total;
+  }
+  [[nodiscard]] std::size_t stored_bytes() const {
+    std::size_t total = 0;
+    for (int l = 0; l < cfg_.layers; ++l) total += stored_bytes(l);
+    return total;
+  }
+  /// Bytes one decode step over `layer` reads: every record once and every history (which it also writes).
+  [[nodiscard]] std::size_t decode_read_bytes(int layer) const { return stored_bytes(layer); }
+  /// Bytes of the full-precision mirror (fp16 K and V of every token), not part of stored_bytes().
+  [[nodiscard]] std::size_t mirror_bytes() const {
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < mirror_k_.size(); ++i) total += (mirror_k_[i].size() + mirror_v_[i].size()) * sizeof(half_t);
+    return total;
+  }
+  [[nodiscard]] std::size_t elements() const {
+    std::size_t n = 0;
+    for (int l = 0; l < cfg_.layers; ++l)
+      for (int s = 0; s < cfg_.batch; ++s) n += std::size_t(length(l, s));
+    return n * 2u * cfg_.kv_heads * cfg_.head_dim;
+  }
+  [[nodiscard]] double bits_per_element() const {
+    const std::size_t e = elements();
+    return e ? 8.0 * double(stored_bytes()) / double(e) : 0.0;
+  }
+  /// Average code width of one side over every token (0 when empty).
+  [[nodiscard]] double average_width(int side) const {
+    double sum = 0.0, n = 0.0;
+    for (int l = 0; l < cfg_.layers; ++l) {
+      const auto c = width_counts(l, side);
+      for (int b = 0; b <= 8; ++b) sum += double(b) * double(c[std::size_t(b)]), n += double(c[std::size_t(b)]);
+    }
+    return n > 0.0 ? sum / n : 0.0;
+  }
+
+ private:
+  [[nodiscard]] std::size_t stream(int layer, int seq, int head) const noexcept {
+    return (std::size_t(layer) * cfg_.batch + seq) * cfg_.kv_heads + head;
+  }
+  void check_index(int layer, int seq) const {
+    KVC_CHECK(layer >= 0 && layer < cfg_.layers, Errc::kInvalidArgument, "layer ", layer, " out of range [0, ",
+              cfg_.layers, ")");
+    KVC_CHECK(seq >= 0 && seq < cfg_.batch, Errc::kInvalidArgument, "sequence ", seq, " out of range [0, ", cfg_.batch,
+              ")");
+  }
+  /// Quantizes a mirror row and appends its record at width b.
+  void put(Side& sd, const half_t* row, int b, std::uint32_t id) {
+    const int d = cfg_.head_dim;
+    float x[quantizer::kMaxHeadDim];
+    std::uint8_t codes[quantizer::kMaxHeadDim], idx[quantizer::kMaxHeadDim];
+    half_t val[quantizer::kMaxHeadDim];
+    for (int c = 0; c < d; ++c) x[c] = row[c].to_float();
+    const QuantMeta m = quantizer::quantize(x, d, codes, idx, val);
+    std::vector<std::byte>& bk = sd.bucket[std::size_t(b - BMin)];
+    const std::size_t at = bk.size();
+    bk.resize(at + record::bytes(d, b, id_bytes_));
+    record::write(bk.data() + at, d, b, id_bytes_, m, codes, BMax, val, idx, id);
+  }
+  /// Re-derives every record's width of one stream side and moves the records that change.
+  void rebucket(std::size_t st, int T, bool key, double qnorm2) {
+    const int d = cfg_.head_dim;
+    Side& sd = key ? keys_[st] : values_[st];
+    const std::vector<half_t>& mirror = key ? mirror_k_[st] : mirror_v_[st];
+    Side next;
+    for (int b = BMin; b <= BMax; ++b) {
+      const std::size_t rb = record::bytes(d, b, id_bytes_);
+      const std::vector<std::byte>& bk = sd.bucket[std::size_t(b - BMin)];
+      for (std::size_t o = 0; o < bk.size(); o += rb) {
+        const std::byte* r = bk.data() + o;
+        const std::uint32_t t = record::token(r, d, b, id_bytes_);
+        const int nb = width(hist_[st][t], record::meta(r), T, key, qnorm2);
+        std::vector<std::byte>& dst = next.bucket[std::size_t(nb - BMin)];
+        if (nb == b) {
+          dst.insert(dst.end(), r, r + rb);
+        } else if (nb < b) {
+          const std::size_t at = dst.size();
+          dst.resize(at + record::bytes(d, nb, id_bytes_));
+          record::lower(r, b, dst.data() + at, nb, d, id_bytes_);
+        } else {
+          put(next, mirror.data() + std::size_t(t) * d, nb, t);
+        }
+      }
+    }
+    sd = std::move(next);
+  }
+
+  CacheConfig cfg_;
+  qaq::Targets targets_;
+  qaq::QueryNormCalibration calib_;
+  int id_bytes_ = 4;
+  std::vector<Side> keys_, values_;
+  std::vector<std::vector<history>> hist_;
+  std::vector<std::vector<half_t>> mirror_k_, mirror_v_;
+  std::vector<int> lengths_;
+};
+}  // namespace kvc

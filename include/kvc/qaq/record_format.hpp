@@ -1,0 +1,97 @@
+// kvc: nvcc-safe
+/// \file record_format.hpp
+/// QAQ's mixed-bit storage unit: one side (key or value) of one token at width b, a fixed-size record in
+/// the stream's bucket of width b (every record of a bucket has the same size, so a bucket is an array).
+/// Attention is invariant under permuting tokens, so buckets hold tokens in any order; the record names
+/// its token.
+///   [lo fp16][step_max fp16][codes: d x b bits, dense, code c at bits [c b, (c + 1) b)]
+///   [outlier value fp16 x 2k][outlier channel u8 x 2k][token: id_bytes (2 or 4) little-endian]
+/// d % 16 == 0 keeps every fp16 field 2-byte aligned. Host+device.
+#pragma once
+
+#include <kvc/config.hpp>
+#include <kvc/core/numeric.hpp>
+#include <kvc/quant/codec.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvc::qaq {
+
+template <class Q>
+struct RecordFormat {
+  KVC_HOST_DEVICE static constexpr std::size_t code_bytes(int d, int b) noexcept { return std::size_t(d) * b / 8; }
+  KVC_HOST_DEVICE static constexpr std::size_t bytes(int d, int b, int id_bytes) noexcept {
+    return 4 + code_bytes(d, b) + 3 * std::size_t(Q::outliers(d)) + std::size_t(id_bytes);
+  }
+  KVC_HOST_DEVICE static QuantMeta meta(const std::byte* r) noexcept {
+    const auto* h = reinterpret_cast<const half_t*>(r);
+    return {h[0], h[1]};
+  }
+  KVC_HOST_DEVICE static const std::uint8_t* codes(const std::byte* r) noexcept {
+    return reinterpret_cast<const std::uint8_t*>(r + 4);
+  }
+  KVC_HOST_DEVICE static const half_t* outlier_values(const std::byte* r, int d, int b) noexcept {
+    return reinterpret_cast<const half_t*>(r + 4 + code_bytes(d, b));
+  }
+  KVC_HOST_DEVICE static const std::uint8_t* outlier_channels(const std::byte* r, int d, int b) noexcept {
+    return reinterpret_cast<const std::uint8_t*>(r + 4 + code_bytes(d, b) + 2 * std::size_t(Q::outliers(d)));
+  }
+  KVC_HOST_DEVICE static std::uint32_t token(const std::byte* r, int d, int b, int id_bytes) noexcept {
+    const std::byte* p = r + bytes(d, b, id_bytes) - id_bytes;
+    std::uint32_t t = 0;
+    for (int i = 0; i < id_bytes; ++i) t |= std::uint32_t(static_cast<std::uint8_t>(p[i])) << (8 * i);
+    return t;
+  }
+  /// Width-b code of channel c.
+  KVC_HOST_DEVICE static int code_at(const std::byte* r, int c, int b) noexcept {
+    const std::uint8_t* p = codes(r);
+    const int bit = c * b, at = bit >> 3, sh = bit & 7;
+    unsigned v = p[at] >> sh;
+    if (sh + b > 8) v |= unsigned(p[at + 1]) << (8 - sh);
+    return int(v & ((1u << b) - 1u));
+  }
+  /// Writes a record at width b from one-byte-per-channel codes at width `from` >= b (narrowed by shifting:
+  /// Q's codes nest), the metadata and the outliers.
+  KVC_HOST_DEVICE static void write(std::byte* r, int d, int b, int id_bytes, QuantMeta m, const std::uint8_t* codes_from,
+                                    int from, const half_t* out_val, const std::uint8_t* out_idx,
+                                    std::uint32_t token_id) noexcept {
+    auto* h = reinterpret_cast<half_t*>(r);
+    h[0] = m.lo;
+    h[1] = m.step;
+    auto* p = reinterpret_cast<std::uint8_t*>(r + 4);
+    for (std::size_t i = 0; i < code_bytes(d, b); ++i) p[i] = 0;
+    for (int c = 0; c < d; ++c) {
+      const unsigned q = unsigned(codes_from[c]) >> (from - b);
+      const int bit = c * b, at = bit >> 3, sh = bit & 7;
+      p[at] = static_cast<std::uint8_t>(p[at] | (q << sh));
+      if (sh + b > 8) p[at + 1] = static_cast<std::uint8_t>(p[at + 1] | (q >> (8 - sh)));
+    }
+    const int n = Q::outliers(d);
+    auto* ov = reinterpret_cast<half_t*>(r + 4 + code_bytes(d, b));
+    auto* oi = reinterpret_cast<std::uint8_t*>(r + 4 + code_bytes(d, b) + 2 * std::size_t(n));
+    for (int j = 0; j < n; ++j) {
+      ov[j] = out_val[j];
+      oi[j] = out_idx[j];
+    }
+    std::byte* t = r + bytes(d, b, id_bytes) - id_bytes;
+    for (int i = 0; i < id_bytes; ++i) t[i] = std::byte((token_id >> (8 * i)) & 0xffu);
+  }
+  /// Re-writes record `src` (width b) as `dst` at width nb < b: a shift of every code (exactly what quantizing
+  /// the original at nb gives); metadata, outliers and token unchanged.
+  KVC_HOST_DEVICE static void lower(const std::byte* src, int b, std::byte* dst, int nb, int d, int id_bytes) noexcept {
+    std::uint8_t c8[256];
+    for (int c = 0; c < d; ++c) c8[c] = static_cast<std::uint8_t>(code_at(src, c, b));
+    write(dst, d, nb, id_bytes, meta(src), c8, b, outlier_values(src, d, b), outlier_channels(src, d, b),
+          token(src, d, b, id_bytes));
+  }
+  /// The token's reconstruction x[0, d) (Q::decode per channel, then the exact outliers).
+  KVC_HOST_DEVICE static void decode(const std::byte* r, int d, int b, float* x) noexcept {
+    const QuantMeta m = meta(r);
+    for (int c = 0; c < d; ++c) x[c] = Q::decode(m, b, static_cast<std::uint8_t>(code_at(r, c, b)));
+    const half_t* ov = outlier_values(r, d, b);
+    const std::uint8_t* oi = outlier_channels(r, d, b);
+    for (int j = 0; j < Q::outliers(d); ++j) x[oi[j]] = ov[j].to_float();
+  }
+};
+}  // namespace kvc::qaq
