@@ -9,6 +9,10 @@
 //                                        time onto n - block tokens (the last completes a block: block
 //                                        mode compresses it, LiteralMode recompresses the whole history);
 //                                        per_token = the amortised cost of one token
+//   BM_DecodeAttention/qaq/T:<n>        QAQ (QaqQuantizer<>) with targets calibrated to ~3 average bits per side
+//                                        on this data (after n = 5 decode steps fill the histories)
+//   BM_QaqUpdateWidths/T:<n>             QAQ's per-step width update of that cache (history push, width rule,
+//                                        moves between buckets)
 // Counters: bytes_per_second = cache bytes one decode step reads (codes, scales, zeros, windows);
 // bits_per_element = stored bits per K/V element, everything counted.
 #include "bench_util.hpp"
@@ -20,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <random>
 #include <vector>
 
@@ -98,18 +103,22 @@ std::unique_ptr<Cache> build_cache(int tokens) {
   return cache;
 }
 
+/// The decode query: N(0, 1) per element, every head.
+std::vector<float> bench_query() {
+  std::vector<float> q(std::size_t(kKvHeads) * kGqa * kHeadDim);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  for (auto& x : q) x = nd(rng);
+  return q;
+}
+
 template <class Cache, kvc::Precision Prec = kvc::Precision::kFast>
 void BM_DecodeAttention(benchmark::State& state) {
   const int tokens = static_cast<int>(state.range(0));
   const auto cache = build_cache<Cache>(tokens);
-  const int heads = kKvHeads * kGqa;
-  std::vector<float> q(std::size_t(heads) * kHeadDim);
-  std::mt19937 rng(3);
-  std::normal_distribution<float> nd;
-  for (auto& x : q) x = nd(rng);
   kvc::AttentionOptions opt;
   opt.precision = Prec;
-  kvc_bench::time_decode_steps(state, *cache, q, heads, kHeadDim, opt);
+  kvc_bench::time_decode_steps(state, *cache, bench_query(), kKvHeads * kGqa, kHeadDim, opt);
 }
 
 template <class Cache>
@@ -145,6 +154,64 @@ void BM_AppendDecode(benchmark::State& state) {
   // kIsRate | kInvert: seconds per token (printed with its SI prefix, e.g. 57.3us).
   state.counters["per_token"] =
       benchmark::Counter(double(B) * state.iterations(), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
+/// A QAQ cache of `tokens` tokens whose targets are calibrated to ~`bits` average bits per side on this data:
+/// n = 5 decode steps with the benchmark's query fill every history, then each side's target is bisected.
+using QaqBench = kvc::CompressedKVCache<kvc::QaqQuantizer<>>;
+std::unique_ptr<QaqBench> build_qaq(int tokens, const std::vector<float>& q, double bits, kvc::qaq::TokenProbs& probs) {
+  kvc::qaq::QueryNormCalibration calib(1, kKvHeads, kHeadDim);
+  for (float& x : calib.qnorm2) x = 1.0f;  // E ||q / sqrt(d)||^2 of the N(0, 1) query
+  calib.queries = 1;
+  auto cache = std::make_unique<QaqBench>(kvc::CacheConfig{1, 1, kKvHeads, kHeadDim, tokens},
+                                          kvc::qaq::Targets{1e-3, 1e-3}, calib);
+  const int chunk = 4096;
+  for (int t0 = 0; t0 < tokens; t0 += chunk) {
+    const int n = std::min(chunk, tokens - t0);
+    const auto k = make_kv(n, true, 1u + t0), v = make_kv(n, false, 7u + t0);
+    cache->append(0, 0, kvc::KVView::contiguous(k.data(), n, kKvHeads, kHeadDim),
+                  kvc::KVView::contiguous(v.data(), n, kKvHeads, kHeadDim));
+  }
+  const int heads = kKvHeads * kGqa;
+  std::vector<float> out(q.size());
+  for (int i = 0; i < QaqBench::quantizer::kWindow; ++i)
+    kvc::qaq_decode_step(*cache, 0, kvc::QueryView::contiguous(q.data(), 1, heads, kHeadDim),
+                         kvc::OutputView::contiguous(out.data(), 1, heads, kHeadDim), {}, probs);
+  kvc::qaq::Targets t = cache->targets();
+  auto average = [&](int side) {
+    return [&, side](double target) {
+      (side == 0 ? t.key_sigma_s : t.value_sigma_x) = target;
+      cache->set_targets(t);
+      cache->update_widths(0, probs);  // the same probabilities again: the histories' maxima do not change
+      return cache->average_width(side);
+    };
+  };
+  t.key_sigma_s = kvc::qaq::calibrate_target(average(0), bits, 1e-9, 1e3, 30);
+  t.value_sigma_x = kvc::qaq::calibrate_target(average(1), bits, 1e-9, 1e3, 30);
+  cache->set_targets(t);
+  cache->update_widths(0, probs);
+  return cache;
+}
+
+void BM_DecodeAttentionQaq(benchmark::State& state) {
+  const std::vector<float> q = bench_query();
+  kvc::qaq::TokenProbs probs;
+  const auto cache = build_qaq(static_cast<int>(state.range(0)), q, 3.0, probs);
+  kvc_bench::time_decode_steps(state, *cache, q, kKvHeads * kGqa, kHeadDim);
+  state.SetLabel("qaq float path");
+  state.counters["key_bits"] = cache->average_width(0);
+  state.counters["value_bits"] = cache->average_width(1);
+}
+
+void BM_QaqUpdateWidths(benchmark::State& state) {
+  const std::vector<float> q = bench_query();
+  kvc::qaq::TokenProbs probs;
+  const auto cache = build_qaq(static_cast<int>(state.range(0)), q, 3.0, probs);
+  for (auto _ : state) {
+    cache->update_widths(0, probs);
+    benchmark::DoNotOptimize(cache->stored_bytes());
+  }
+  state.counters["bits_per_element"] = cache->bits_per_element();
 }
 
 template <class Cache>
@@ -190,6 +257,10 @@ const int registered = [] {
   register_scheme<kvc::schemes::LogQuant4>("logquant4");
   register_scheme<kvc::schemes::PartialLogQuant2>("partiallogquant2");  // + quantized value rows
   register_scheme<kvc::schemes::Kivi2Budget126>("kivi2_g64_w126");
+  // QAQ at ~3 average bits per side (its attention reads the records; its width update runs every step).
+  for (auto [name, fn] : {std::pair{"BM_DecodeAttention/qaq", BM_DecodeAttentionQaq},
+                          std::pair{"BM_QaqUpdateWidths", BM_QaqUpdateWidths}})
+    benchmark::RegisterBenchmark(name, fn)->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
   // Decode-time compression, block mode vs GEAR's literal mode (Algorithm 1) on the same policies.
   using namespace kvc::schemes;
   register_append_decode<GearKivi2>("gear_kivi2");

@@ -250,6 +250,41 @@ TEST(QaqQuantizer, RequantizingTheOriginalRestoresEveryWidthExactly) {
   }
 }
 
+TEST(QaqRecord, PackedCodesReadBackAtEveryWidth) {
+  using Q = kvc::QaqQuantizer<>;
+  using R = kvc::qaq::RecordFormat<Q>;
+  std::mt19937 rng(21);
+  for (int d : {16, 64, 128, 256})
+    for (int b = 1; b <= 8; ++b)
+      for (int id_bytes : {2, 4}) {
+        std::vector<std::uint8_t> c8(static_cast<std::size_t>(d)), idx(std::size_t(Q::outliers(d)));
+        std::vector<kvc::half_t> val(idx.size());
+        for (auto& c : c8) c = std::uint8_t(rng());
+        for (std::size_t j = 0; j < idx.size(); ++j) idx[j] = std::uint8_t(j * 3), val[j] = kvc::half_t::from_float(float(j) - 0.5f);
+        std::vector<std::byte> rec(R::bytes(d, b, id_bytes));
+        const kvc::QuantMeta m{kvc::half_t::from_float(-1.0f), kvc::half_t::from_float(0.01f)};
+        R::write(rec.data(), d, b, id_bytes, m, c8.data(), 8, val.data(), idx.data(), 40000u);
+        std::vector<float> un(static_cast<std::size_t>(d));
+        R::unpack(rec.data(), d, b, un.data());
+        for (int c = 0; c < d; ++c) {
+          ASSERT_EQ(R::code_at(rec.data(), c, b), c8[std::size_t(c)] >> (8 - b)) << "d " << d << " b " << b;
+          ASSERT_EQ(un[std::size_t(c)], float(c8[std::size_t(c)] >> (8 - b)));
+        }
+        EXPECT_EQ(R::token(rec.data(), d, b, id_bytes), id_bytes == 2 ? 40000u % 65536u : 40000u);
+        EXPECT_EQ(R::meta(rec.data()).step, m.step);
+        for (std::size_t j = 0; j < idx.size(); ++j) {
+          EXPECT_EQ(R::outlier_channels(rec.data(), d, b)[j], idx[j]);
+          EXPECT_EQ(R::outlier_values(rec.data(), d, b)[j], val[j]);
+        }
+        if (b > 1) {  // lowering a record by one bit
+          std::vector<std::byte> low(R::bytes(d, b - 1, id_bytes));
+          R::lower(rec.data(), b, low.data(), b - 1, d, id_bytes);
+          for (int c = 0; c < d; ++c) ASSERT_EQ(R::code_at(low.data(), c, b - 1), c8[std::size_t(c)] >> (9 - b));
+          EXPECT_EQ(R::token(low.data(), d, b - 1, id_bytes), R::token(rec.data(), d, b, id_bytes));
+        }
+      }
+}
+
 TEST(QaqQuantizer, ZeroRangeTokensReconstructExactly) {
   using Q = kvc::QaqQuantizer<>;
   std::vector<float> x(64, 1.5f);

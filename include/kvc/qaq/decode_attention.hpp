@@ -6,6 +6,7 @@
 ///     q_c (x_c - x^_c) per outlier; the score lands at the record's token;
 ///  2. softmax per query head over the T scores; probs[t] = max over the GQA group (SPEC Q6);
 ///  3. every value bucket: o += p_t (zero_t + scale_t code_tc), plus p_t (x_c - x^_c) per outlier.
+/// Each record's codes are unpacked once (width-specialised) and used by every query head of the group.
 /// Scratch: group x T floats per stream. Float arithmetic throughout (AttentionOptions::precision has no
 /// effect: there is no integer path yet), parallel over (sequence, KV head) with OpenMP. Host only.
 #pragma once
@@ -57,6 +58,7 @@ void decode_attention(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPe
   for (int i = 0; i < streams; ++i) {
     const int s = i / H, kh = i % H, T = lengths[std::size_t(s)];
     std::vector<float> qs(std::size_t(g) * d), qsum(std::size_t(g), 0.0f), p(std::size_t(g) * T), o(std::size_t(g) * d, 0.0f);
+    float codes[Q::kMaxHeadDim];  // one record's codes as floats
     for (int h = 0; h < g; ++h)
       for (int c = 0; c < d; ++c) {
         qs[std::size_t(h) * d + c] = q.row(s, kh * g + h)[c] * scale;
@@ -69,13 +71,14 @@ void decode_attention(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPe
       const Affine a = Q::affine(m, b);
       const half_t* ov = R::outlier_values(r, d, b);
       const std::uint8_t* oi = R::outlier_channels(r, d, b);
+      R::unpack(r, d, b, codes);
       for (int h = 0; h < g; ++h) {
         const float* qh = qs.data() + std::size_t(h) * d;
         float dot = 0.0f;
-        for (int c = 0; c < d; ++c) dot += qh[c] * float(R::code_at(r, c, b));
+        for (int c = 0; c < d; ++c) dot += qh[c] * codes[c];
         float score = a.zero * qsum[std::size_t(h)] + a.scale * dot;
         for (int j = 0; j < Q::outliers(d); ++j)
-          score += qh[oi[j]] * (ov[j].to_float() - Q::decode(m, b, std::uint8_t(R::code_at(r, oi[j], b))));
+          score += qh[oi[j]] * (ov[j].to_float() - Q::decode(m, b, std::uint8_t(codes[oi[j]])));
         p[std::size_t(h) * T + t] = score;
       }
     });
@@ -100,13 +103,14 @@ void decode_attention(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPe
       const Affine a = Q::affine(m, b);
       const half_t* ov = R::outlier_values(r, d, b);
       const std::uint8_t* oi = R::outlier_channels(r, d, b);
+      R::unpack(r, d, b, codes);
       for (int h = 0; h < g; ++h) {
         const float w = p[std::size_t(h) * T + t];
         float* oh = o.data() + std::size_t(h) * d;
         const float wz = w * a.zero, ws = w * a.scale;
-        for (int c = 0; c < d; ++c) oh[c] += wz + ws * float(R::code_at(r, c, b));
+        for (int c = 0; c < d; ++c) oh[c] += wz + ws * codes[c];
         for (int j = 0; j < Q::outliers(d); ++j)
-          oh[oi[j]] += w * (ov[j].to_float() - Q::decode(m, b, std::uint8_t(R::code_at(r, oi[j], b))));
+          oh[oi[j]] += w * (ov[j].to_float() - Q::decode(m, b, std::uint8_t(codes[oi[j]])));
       }
     });
     for (int h = 0; h < g; ++h)

@@ -51,6 +51,30 @@ struct RecordFormat {
     if (sh + b > 8) v |= unsigned(p[at + 1]) << (8 - sh);
     return int(v & ((1u << b) - 1u));
   }
+  /// All d width-W codes as floats (W the record's width, d % 8 == 0): 8 codes fill exactly W bytes.
+  template <int W>
+  KVC_HOST_DEVICE static void unpack(const std::byte* r, int d, float* out) noexcept {
+    const std::uint8_t* p = codes(r);
+    constexpr std::uint64_t mask = (std::uint64_t(1) << W) - 1u;
+    for (int c0 = 0; c0 < d; c0 += 8, p += W) {
+      std::uint64_t v = 0;
+      for (int j = 0; j < W; ++j) v |= std::uint64_t(p[j]) << (8 * j);
+      for (int i = 0; i < 8; ++i) out[c0 + i] = float((v >> (i * W)) & mask);
+    }
+  }
+  /// unpack<b>(r, d, out) for a run-time width b in [1, 8].
+  KVC_HOST_DEVICE static void unpack(const std::byte* r, int d, int b, float* out) noexcept {
+    switch (b) {
+      case 1: unpack<1>(r, d, out); break;
+      case 2: unpack<2>(r, d, out); break;
+      case 3: unpack<3>(r, d, out); break;
+      case 4: unpack<4>(r, d, out); break;
+      case 5: unpack<5>(r, d, out); break;
+      case 6: unpack<6>(r, d, out); break;
+      case 7: unpack<7>(r, d, out); break;
+      default: unpack<8>(r, d, out); break;
+    }
+  }
   /// Writes a record at width b from one-byte-per-channel codes at width `from` >= b (narrowed by shifting:
   /// Q's codes nest), the metadata and the outliers.
   KVC_HOST_DEVICE static void write(std::byte* r, int d, int b, int id_bytes, QuantMeta m, const std::uint8_t* codes_from,
