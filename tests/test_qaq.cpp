@@ -527,8 +527,7 @@ void expect_records_are_the_original_at_their_width(const Qaq& c, int seq, const
   for (int h = 0; h < x.H; ++h)
     for (int side = 0; side < 2; ++side) {
       const auto& sd = side == 0 ? c.keys(0, seq, h) : c.values(0, seq, h);
-      c.for_each_record(sd, [&](const std::byte* r, int b) {
-        const std::uint32_t t = Qaq::record::token(r, d, b, c.id_bytes());
+      c.for_each_record(sd, [&](const std::byte* r, int b, std::uint32_t t) {
         const std::size_t n = static_cast<std::size_t>(d);
         std::vector<float> orig(n), got(n), fresh(n);
         for (int i = 0; i < d; ++i)
@@ -572,8 +571,7 @@ TEST(QaqCache, LoweringShiftsAndRaisingRestoresFromTheMirror) {
   expect_records_are_the_original_at_their_width(c, 0, x);
   // Attention-aware values: the most attended token holds at least the width of the least attended one.
   int first = -1, last = -1;
-  c.for_each_record(c.values(0, 0, 0), [&](const std::byte* r, int b) {
-    const auto t = Qaq::record::token(r, d, b, c.id_bytes());
+  c.for_each_record(c.values(0, 0, 0), [&](const std::byte*, int b, std::uint32_t t) {
     if (t == 0) first = b;
     if (t == std::uint32_t(T - 1)) last = b;
   });
@@ -646,5 +644,39 @@ TEST(QaqCache, BadInputIsRejectedAndLeavesTheCacheUnchanged) {
             }),
             kvc::Errc::kInvalidArgument);  // one of two sequences
   unchanged();
+}
+}  // namespace
+
+namespace {
+// BMin == BMax: per-token uniform quantization with QAQ's codec and outliers (the paper's Fig. 4 baseline).
+TEST(QaqCache, FixedWidthIsPerTokenUniformWithoutIdsOrHistories) {
+  using Fixed = kvc::CompressedKVCache<kvc::QaqQuantizer<3, 3>>;
+  static_assert(!Fixed::kAdaptive);
+  const int d = 64, H = 2, Hq = 6, T = 37;
+  const kvc_test::KV x = kvc_test::random_kv(T, H, d, 77);
+  Fixed c({1, 1, H, d, 64}, {1e-2, 1e-2}, unit_calibration(1, H, d));
+  EXPECT_EQ(c.id_bytes(), 0);
+  c.append(0, 0, x.kview(0, 20), x.vview(0, 20));
+  c.append(0, 0, x.kview(20, T - 20), x.vview(20, T - 20));
+  // Per token, KV head and side: lo, step (4) + 64 x 3 bits (24) + 2 outliers x 3 bytes.
+  EXPECT_EQ(c.stored_bytes(), std::size_t(T * H * 2 * 34));
+  const std::vector<float> q = kvc_test::random_query(1, Hq, d, 5);
+  std::vector<float> out(q.size()), want(q.size());
+  kvc::qaq::TokenProbs probs;
+  const auto kv = kvc_test::dequantize(c, 0, 0);
+  kvc::reference::decode_attention(q.data(), Hq, kv.k.data(), kv.v.data(), T, H, d, want.data());
+  // Every token is the original quantized at 3 bits, in token order.
+  for (int h = 0; h < H; ++h)
+    for (int i = 0; i < d; ++i) {
+      const std::size_t at = x.at(T - 1, h, i);
+      EXPECT_NEAR(kv.k[at], x.k[at], 0.5 * (kvc_test::max_abs(x.k) * 2 / 8.0) + 1e-3);
+    }
+  kvc::qaq_decode_step(c, 0, kvc::QueryView::contiguous(q.data(), 1, Hq, d),
+                       kvc::OutputView::contiguous(out.data(), 1, Hq, d), {}, probs);
+  for (std::size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], want[i], 1e-4);
+  EXPECT_EQ(c.width_counts(0, 0)[3], std::size_t(T * H));
+  EXPECT_EQ(c.width_counts(0, 1)[3], std::size_t(T * H));
+  const auto after = kvc_test::dequantize(c, 0, 0);
+  EXPECT_TRUE(kvc_test::bytes_equal(after.k, kv.k) && kvc_test::bytes_equal(after.v, kv.v));
 }
 }  // namespace

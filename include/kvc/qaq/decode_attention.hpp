@@ -44,7 +44,7 @@ void decode_attention(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPe
   for (int s = 0; s < cfg.batch; ++s) lengths[std::size_t(s)] = cache.length(layer, s);
   detail::check_decode_inputs(cfg.batch, cfg.kv_heads, cfg.head_dim, lengths.data(), q, out);
   (void)validate(opt);
-  const int nseq = q.dim0, H = cfg.kv_heads, g = q.dim1 / H, d = cfg.head_dim, idb = cache.id_bytes();
+  const int nseq = q.dim0, H = cfg.kv_heads, g = q.dim1 / H, d = cfg.head_dim;
   const float scale = opt.scale > 0.0f ? opt.scale : 1.0f / std::sqrt(float(d));
   const int tmax = *std::max_element(lengths.begin(), lengths.begin() + nseq);
   if (probs) probs->resize(nseq, H, tmax);
@@ -65,8 +65,7 @@ void decode_attention(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPe
         qsum[std::size_t(h)] += qs[std::size_t(h) * d + c];
       }
     // Pass 1: scores at their tokens.
-    cache.for_each_record(cache.keys(layer, s, kh), [&](const std::byte* r, int b) {
-      const std::uint32_t t = R::token(r, d, b, idb);
+    cache.for_each_record(cache.keys(layer, s, kh), [&](const std::byte* r, int b, std::uint32_t t) {
       const QuantMeta m = R::meta(r);
       const Affine a = Q::affine(m, b);
       const half_t* ov = R::outlier_values(r, d, b);
@@ -97,8 +96,7 @@ void decode_attention(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPe
       }
     }
     // Pass 2: the probability-weighted values.
-    cache.for_each_record(cache.values(layer, s, kh), [&](const std::byte* r, int b) {
-      const std::uint32_t t = R::token(r, d, b, idb);
+    cache.for_each_record(cache.values(layer, s, kh), [&](const std::byte* r, int b, std::uint32_t t) {
       const QuantMeta m = R::meta(r);
       const Affine a = Q::affine(m, b);
       const half_t* ov = R::outlier_values(r, d, b);

@@ -59,6 +59,10 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   using record = qaq::RecordFormat<quantizer>;
   using history = typename quantizer::history;
   static constexpr int kWidths = BMax - BMin + 1;
+  /// BMin == BMax: every token keeps one width for good (per-token uniform quantization with QAQ's codec and
+  /// outliers, the paper's Fig. 4 baseline): records stay in token order, so they carry no token id, and
+  /// there are no attention histories; update_widths() has nothing to do.
+  static constexpr bool kAdaptive = BMin < BMax;
 
   /// One stream side's buckets; bucket[b - BMin] holds the records of width b.
   struct Side {
@@ -79,7 +83,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       KVC_CHECK(std::isfinite(q) && q > 0.0f, Errc::kInvalidArgument, "QAQ calibration holds ", q,
                 " (entries must be finite and positive: set every layer)");
     set_targets(targets);
-    id_bytes_ = cfg.capacity <= 65536 ? 2 : 4;
+    id_bytes_ = !kAdaptive ? 0 : cfg.capacity <= 65536 ? 2 : 4;
     const std::size_t streams = std::size_t(cfg.layers) * cfg.batch * cfg.kv_heads;
     keys_.resize(streams);
     values_.resize(streams);
@@ -130,9 +134,11 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
           for (int c = 0; c < d; ++c) mirror.push_back(half_t::from_float(src[c]));
           put(side == 0 ? keys_[s] : values_[s], mirror.data() + std::size_t(id) * d, BMax, id);
         }
-        history h0;
-        h0.reset();
-        hist_[s].push_back(h0);
+        if constexpr (kAdaptive) {
+          history h0;
+          h0.reset();
+          hist_[s].push_back(h0);
+        }
       }
     }
     n += k.dim0;
@@ -157,6 +163,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
                     s, " KV head ", h, " token ", t, " is ", p, " (must be in [0, 1])");
         }
     }
+    if constexpr (!kAdaptive) return;
     for (int s = 0; s < cfg_.batch; ++s) {
       const int T = length(layer, s);
       for (int h = 0; h < cfg_.kv_heads; ++h) {
@@ -200,21 +207,23 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       for (int side = 0; side < 2; ++side) {
         const Side& sd = side == 0 ? keys_[st] : values_[st];
         float* out = side == 0 ? k : v;
-        for_each_record(sd, [&](const std::byte* r, int b) {
-          const std::uint32_t t = record::token(r, d, b, id_bytes_);
+        for_each_record(sd, [&](const std::byte* r, int b, std::uint32_t t) {
           record::decode(r, d, b, out + (std::size_t(t) * H + h) * d);
         });
       }
     }
   }
 
-  /// Calls f(record, width) for every record of one side.
+  /// Calls f(record, width, token) for every record of one side.
   template <class F>
   void for_each_record(const Side& sd, F&& f) const {
+    const int d = cfg_.head_dim;
     for (int b = BMin; b <= BMax; ++b) {
-      const std::size_t rb = record::bytes(cfg_.head_dim, b, id_bytes_);
+      const std::size_t rb = record::bytes(d, b, id_bytes_);
       const std::vector<std::byte>& bk = sd.bucket[std::size_t(b - BMin)];
-      for (std::size_t o = 0; o < bk.size(); o += rb) f(bk.data() + o, b);
+      std::uint32_t i = 0;
+      for (std::size_t o = 0; o < bk.size(); o += rb, ++i)
+        f(bk.data() + o, b, kAdaptive ? record::token(bk.data() + o, d, b, id_bytes_) : i);
     }
   }
 
