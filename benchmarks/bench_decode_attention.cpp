@@ -24,7 +24,6 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <utility>
 #include <random>
 #include <vector>
 
@@ -90,16 +89,22 @@ std::vector<float> make_kv(int tokens, bool keys, unsigned seed) {
   return x;
 }
 
+/// Appends `tokens` tokens of make_kv data to layer 0, sequence 0, in prefill chunks.
 template <class Cache>
-std::unique_ptr<Cache> build_cache(int tokens) {
-  auto cache = std::make_unique<Cache>(kvc::CacheConfig{1, 1, kKvHeads, kHeadDim, tokens});
+void fill(Cache& cache, int tokens) {
   const int chunk = 4096;
   for (int t0 = 0; t0 < tokens; t0 += chunk) {
     const int n = std::min(chunk, tokens - t0);
     const auto k = make_kv(n, true, 1u + t0), v = make_kv(n, false, 7u + t0);
-    cache->append(0, 0, kvc::KVView::contiguous(k.data(), n, kKvHeads, kHeadDim),
-                  kvc::KVView::contiguous(v.data(), n, kKvHeads, kHeadDim));
+    cache.append(0, 0, kvc::KVView::contiguous(k.data(), n, kKvHeads, kHeadDim),
+                 kvc::KVView::contiguous(v.data(), n, kKvHeads, kHeadDim));
   }
+}
+
+template <class Cache>
+std::unique_ptr<Cache> build_cache(int tokens) {
+  auto cache = std::make_unique<Cache>(kvc::CacheConfig{1, 1, kKvHeads, kHeadDim, tokens});
+  fill(*cache, tokens);
   return cache;
 }
 
@@ -165,13 +170,7 @@ std::unique_ptr<QaqBench> build_qaq(int tokens, const std::vector<float>& q, dou
   calib.queries = 1;
   auto cache = std::make_unique<QaqBench>(kvc::CacheConfig{1, 1, kKvHeads, kHeadDim, tokens},
                                           kvc::qaq::Targets{1e-3, 1e-3}, calib);
-  const int chunk = 4096;
-  for (int t0 = 0; t0 < tokens; t0 += chunk) {
-    const int n = std::min(chunk, tokens - t0);
-    const auto k = make_kv(n, true, 1u + t0), v = make_kv(n, false, 7u + t0);
-    cache->append(0, 0, kvc::KVView::contiguous(k.data(), n, kKvHeads, kHeadDim),
-                  kvc::KVView::contiguous(v.data(), n, kKvHeads, kHeadDim));
-  }
+  fill(*cache, tokens);
   const int heads = kKvHeads * kGqa;
   std::vector<float> out(q.size());
   for (int i = 0; i < QaqBench::quantizer::kWindow; ++i)
@@ -258,9 +257,10 @@ const int registered = [] {
   register_scheme<kvc::schemes::PartialLogQuant2>("partiallogquant2");  // + quantized value rows
   register_scheme<kvc::schemes::Kivi2Budget126>("kivi2_g64_w126");
   // QAQ at ~3 average bits per side (its attention reads the records; its width update runs every step).
-  for (auto [name, fn] : {std::pair{"BM_DecodeAttention/qaq", BM_DecodeAttentionQaq},
-                          std::pair{"BM_QaqUpdateWidths", BM_QaqUpdateWidths}})
-    benchmark::RegisterBenchmark(name, fn)->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("BM_DecodeAttention/qaq", BM_DecodeAttentionQaq)
+      ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("BM_QaqUpdateWidths", BM_QaqUpdateWidths)
+      ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
   // Decode-time compression, block mode vs GEAR's literal mode (Algorithm 1) on the same policies.
   using namespace kvc::schemes;
   register_append_decode<GearKivi2>("gear_kivi2");

@@ -5,7 +5,8 @@
 //            [--markdown FILE] [--dump-logits DIR [--dump-logits-n N]] [--dump-kv FILE
 //            [--dump-kv-layers 0,15,29]] [--max-delta-ppl name=x,...] [--max-kl name=x,...]
 //            [--expect-worse a:b,...] [--attention fast|exact|reference]
-//            [--no-layer-error] [--coverage FILE.json [--coverage-from N]] [--list]
+//            [--no-layer-error] [--coverage FILE.json [--coverage-from N]]
+//            [--qaq-calibration FILE] [--qaq-calibration-tokens N] [--list]
 //
 // --attention: how the engine attends over each scheme's cache (the same cache contents in every mode;
 // every run, the fp32 baseline included, uses the mode):
@@ -20,6 +21,11 @@
 // layer, the share of attention mass on the tokens LogQuant2 / KIVI at the same budget keep in fp16,
 // over positions t >= --coverage-from (default 256); also writes FILE.md, and LogQuant2's kept positions
 // after 2000 tokens for plot_logquant.py.
+//
+// QAQ schemes (qaq_eval.hpp: qaq:KS:VS, qaq-n1:KS:VS, qaq-a0:KS:VS, qaq-uB) need the ||q||^2 calibration:
+// --qaq-calibration FILE loads it (written by an earlier run: a mismatched model shape is an error), else it is
+// computed by an exact run over the --qaq-calibration-tokens (default 1024) tokens that follow the evaluated
+// ones in the text (disjoint from them) and, with FILE, saved there.
 //
 // Metrics per scheme, against the fp32 cache run (the exact reference) on the same tokens:
 //   ppl        exp(mean NLL of token t+1 given tokens <= t), t = 0..T-2
@@ -50,6 +56,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -72,7 +79,8 @@ struct Options {
   std::string model = default_model_path(), text = "/usr/share/common-licenses/GPL-3";
   int tokens = 2048;
   std::vector<std::string> schemes = {"fp16", "int8", "kivi4", "kivi2"};
-  std::string json, markdown, dump_logits, dump_kv, coverage;
+  std::string json, markdown, dump_logits, dump_kv, coverage, qaq_calibration;
+  int qaq_calibration_tokens = 1024;
   int coverage_from = 256;
   int dump_logits_n = 32;
   std::vector<int> dump_kv_layers = {0, 15, 29};
@@ -148,6 +156,8 @@ Options parse(int argc, char** argv) {
     } else if (a == "--no-layer-error") o.layer_error = false;
     else if (a == "--coverage") o.coverage = value(i);
     else if (a == "--coverage-from") o.coverage_from = to_int(value(i));
+    else if (a == "--qaq-calibration") o.qaq_calibration = value(i);
+    else if (a == "--qaq-calibration-tokens") o.qaq_calibration_tokens = to_int(value(i));
     else if (a == "--list") {
       for (const SchemeEntry& e : scheme_registry()) std::printf("%-12s %s\n", e.name.c_str(), e.description.c_str());
       std::exit(0);
@@ -340,6 +350,28 @@ int run(const Options& o) {
                o.tokens, all_tokens.size(), o.text.c_str(), kvc::simd_path_name(), attention_mode_name(o.attention),
                std::chrono::duration<double>(Clock::now() - t0).count());
 
+  // QAQ's ||q||^2 calibration, on text the evaluation does not see.
+  std::optional<kvc::qaq::QueryNormCalibration> qaq_calib;
+  if (std::any_of(o.schemes.begin(), o.schemes.end(), [](const std::string& n) { return n.rfind("qaq", 0) == 0; })) {
+    if (!o.qaq_calibration.empty() && std::filesystem::exists(o.qaq_calibration)) {
+      qaq_calib = kvc::qaq::load_calibration(o.qaq_calibration);
+      qaq_calib->check_shape(c.layers, c.kv_heads, c.head_dim);
+      std::fprintf(stderr, "  QAQ calibration: loaded %s\n", o.qaq_calibration.c_str());
+    } else {
+      const std::size_t first = std::size_t(o.tokens), n = std::size_t(o.qaq_calibration_tokens);
+      KVC_CHECK(o.qaq_calibration_tokens > 0 && all_tokens.size() >= first + n, kvc::Errc::kInvalidArgument,
+                "QAQ calibration needs ", n, " tokens after the ", first, " evaluated ones; the text has ",
+                all_tokens.size());
+      const std::vector<std::int32_t> calib_tokens(all_tokens.begin() + std::ptrdiff_t(first),
+                                                   all_tokens.begin() + std::ptrdiff_t(first + n));
+      const auto c0 = Clock::now();
+      qaq_calib = calibrate_query_norms(model, calib_tokens);
+      std::fprintf(stderr, "  QAQ calibration: tokens [%zu, %zu) in %.1f s\n", first, first + n,
+                   std::chrono::duration<double>(Clock::now() - c0).count());
+      if (!o.qaq_calibration.empty()) kvc::qaq::save_calibration(*qaq_calib, o.qaq_calibration);
+    }
+  }
+
   // The exact reference run (fp32 cache), which also feeds the dumps.
   kvc::io::KVDump dump;
   std::vector<std::string> names = {"fp32"};
@@ -348,12 +380,13 @@ int run(const Options& o) {
   RowMatrix ref_hidden;
   for (const std::string& name : names) {
     if (name == "fp32" && !results.empty()) continue;
-    const SchemeEntry& e = find_scheme(name);
+    const SchemeEntry e = find_scheme(name);
     const Progress bar(name, c.layers);
     RunHooks hooks;
     hooks.progress = [&](int l) { bar(l); };
     hooks.measure_layer_error = o.layer_error && name != "fp32";
     hooks.attention = o.attention;
+    hooks.qaq_calibration = qaq_calib ? &*qaq_calib : nullptr;
     const bool dumping = results.empty() && !o.dump_kv.empty();
     if (dumping) {
       dump.model = std::filesystem::path(o.model).filename().string();

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <llama/llama_model.hpp>
+#include <llama/qaq_eval.hpp>
 
 #include <kvc/schemes.hpp>
 
@@ -30,6 +31,7 @@ struct RunHooks {
   std::function<void(int)> progress;
   bool measure_layer_error = true;  ///< also attend over an fp32 cache of the same K/V, per layer
   AttentionMode attention = AttentionMode::kFast;
+  const qaq::QueryNormCalibration* qaq_calibration = nullptr;  ///< QAQ's key bound (qaq_eval.hpp); QAQ only
 };
 
 struct SchemeEntry {
@@ -38,11 +40,12 @@ struct SchemeEntry {
 };
 
 namespace detail {
-template <class Cache>
-SchemeRun run_with(const LlamaModel& model, const std::vector<std::int32_t>& tokens, const RunHooks& hooks) {
+/// One run with the cache `make(model.cache_config(T))` builds.
+template <class Cache, class Make>
+SchemeRun run_with(const LlamaModel& model, const std::vector<std::int32_t>& tokens, const RunHooks& hooks, Make&& make) {
   const int T = int(tokens.size());
   const LlamaConfig& c = model.config();
-  Cache cache(model.cache_config(T));
+  Cache cache = make(model.cache_config(T));
   SchemeRun r;
   r.layer_err2.assign(std::size_t(c.layers), 0.0);
   r.layer_ref2.assign(std::size_t(c.layers), 0.0);
@@ -83,7 +86,26 @@ SchemeRun run_with(const LlamaModel& model, const std::vector<std::int32_t>& tok
 
 template <class Cache>
 SchemeEntry entry(std::string name, std::string description) {
-  return SchemeEntry{std::move(name), std::move(description), &run_with<Cache>};
+  return SchemeEntry{std::move(name), std::move(description),
+                     [](const LlamaModel& m, const std::vector<std::int32_t>& tokens, const RunHooks& h) {
+                       return run_with<Cache>(m, tokens, h, [](const CacheConfig& cfg) { return Cache(cfg); });
+                     }};
+}
+
+/// A QAQ scheme (qaq_eval.hpp) at targets t; the calibration comes from the run's hooks.
+template <class Q>
+SchemeEntry qaq_entry(std::string name, std::string description, qaq::Targets t) {
+  return SchemeEntry{std::move(name), std::move(description),
+                     [t](const LlamaModel& m, const std::vector<std::int32_t>& tokens, const RunHooks& h) {
+                       KVC_CHECK(h.qaq_calibration != nullptr, Errc::kInvalidArgument,
+                                 "QAQ schemes need the ||q||^2 calibration (RunHooks::qaq_calibration)");
+                       KVC_CHECK(!CompressedKVCache<Q>::kAdaptive || h.attention != AttentionMode::kReference,
+                                 Errc::kInvalidArgument,
+                                 "adaptive QAQ needs the fused attention's probabilities: use --attention fast or exact");
+                       return run_with<QaqEvalCache<Q>>(m, tokens, h, [&](const CacheConfig& cfg) {
+                         return QaqEvalCache<Q>(cfg, t, *h.qaq_calibration);
+                       });
+                     }};
 }
 }  // namespace detail
 
@@ -238,18 +260,38 @@ inline const std::vector<SchemeEntry>& scheme_registry() {
       entry<SinkKivi<4, 64, OutlierFilter<100>>>("gear-kivi4-b64-w64-sink64-s1", "kivi4-b64-w64-sink64 + 1 % outliers"),
       entry<KiviWith<2, 32, 32, 128, OutlierFilter<100>, LowRankResidual<Rank<1>>>>(
           "gear-kivi2-s1-r1", "KIVI-2 (group 32, window 128) + 1 % outliers, rank 1"),
+      // QAQ's per-token uniform baseline (paper Fig. 4): every token at B bits, QAQ's codec and 1 % outliers.
+      // The adaptive QAQ schemes carry their targets in the name (find_scheme).
+      detail::qaq_entry<QaqQuantizer<2, 2>>("qaq-u2", "per-token uniform 2-bit + 1 % outliers (QAQ's codec)", {1, 1}),
+      detail::qaq_entry<QaqQuantizer<3, 3>>("qaq-u3", "per-token uniform 3-bit + 1 % outliers (QAQ's codec)", {1, 1}),
+      detail::qaq_entry<QaqQuantizer<4, 4>>("qaq-u4", "per-token uniform 4-bit + 1 % outliers (QAQ's codec)", {1, 1}),
+      detail::qaq_entry<QaqQuantizer<5, 5>>("qaq-u5", "per-token uniform 5-bit + 1 % outliers (QAQ's codec)", {1, 1}),
+      detail::qaq_entry<QaqQuantizer<6, 6>>("qaq-u6", "per-token uniform 6-bit + 1 % outliers (QAQ's codec)", {1, 1}),
+      detail::qaq_entry<QaqQuantizer<8, 8>>("qaq-u8", "per-token uniform 8-bit + 1 % outliers (QAQ's codec)", {1, 1}),
   };
   return registry;
 }
 
-/// The registry entry called `name`; throws kvc::Error listing the known names otherwise.
-inline const SchemeEntry& find_scheme(const std::string& name) {
+/// The registry entry called `name`, or a QAQ scheme with its targets in the name (qaq_eval.hpp:
+/// qaq:KS:VS, qaq-n1:KS:VS, qaq-a0:KS:VS); throws kvc::Error listing the known names otherwise.
+inline SchemeEntry find_scheme(const std::string& name) {
   std::string known;
   for (const SchemeEntry& e : scheme_registry()) {
     if (e.name == name) return e;
     known += (known.empty() ? "" : ", ") + e.name;
   }
-  KVC_CHECK(false, Errc::kInvalidArgument, "unknown scheme '", name, "' (known: ", known, ")");
+  const auto colon = name.find(':');
+  qaq::Targets t;
+  if (colon != std::string::npos && detail::parse_targets(name.substr(colon + 1), t)) {
+    const std::string kind = name.substr(0, colon), at = " at sigma_S " + name.substr(colon + 1);
+    if (kind == "qaq") return detail::qaq_entry<QaqQuantizer<>>(name, "QAQ: widths 1..8, 1 % outliers, n = 5" + at, t);
+    if (kind == "qaq-n1")
+      return detail::qaq_entry<QaqQuantizer<1, 8, 10, 1>>(name, "QAQ ablation: attention window n = 1" + at, t);
+    if (kind == "qaq-a0")
+      return detail::qaq_entry<QaqQuantizer<1, 8, 0, 5>>(name, "QAQ ablation: no outliers (alpha = 0)" + at, t);
+  }
+  KVC_CHECK(false, Errc::kInvalidArgument, "unknown scheme '", name, "' (known: ", known,
+            ", and qaq:KS:VS, qaq-n1:KS:VS, qaq-a0:KS:VS with positive targets sigma_S = KS, sigma_X = VS)");
   return scheme_registry().front();  // unreachable
 }
 }  // namespace kvc::llama

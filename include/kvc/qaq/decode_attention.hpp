@@ -66,18 +66,13 @@ void decode_attention(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPe
       }
     // Pass 1: scores at their tokens.
     cache.for_each_record(cache.keys(layer, s, kh), [&](const std::byte* r, int b, std::uint32_t t) {
-      const QuantMeta m = R::meta(r);
-      const Affine a = Q::affine(m, b);
-      const half_t* ov = R::outlier_values(r, d, b);
-      const std::uint8_t* oi = R::outlier_channels(r, d, b);
-      R::unpack(r, d, b, codes);
+      const typename R::Loaded k = R::load(r, d, b, codes);
       for (int h = 0; h < g; ++h) {
         const float* qh = qs.data() + std::size_t(h) * d;
         float dot = 0.0f;
         for (int c = 0; c < d; ++c) dot += qh[c] * codes[c];
-        float score = a.zero * qsum[std::size_t(h)] + a.scale * dot;
-        for (int j = 0; j < Q::outliers(d); ++j)
-          score += qh[oi[j]] * (ov[j].to_float() - Q::decode(m, b, std::uint8_t(codes[oi[j]])));
+        float score = k.affine.zero * qsum[std::size_t(h)] + k.affine.scale * dot;
+        for (int j = 0; j < Q::outliers(d); ++j) score += qh[k.out_idx[j]] * k.correction(j);
         p[std::size_t(h) * T + t] = score;
       }
     });
@@ -97,18 +92,13 @@ void decode_attention(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPe
     }
     // Pass 2: the probability-weighted values.
     cache.for_each_record(cache.values(layer, s, kh), [&](const std::byte* r, int b, std::uint32_t t) {
-      const QuantMeta m = R::meta(r);
-      const Affine a = Q::affine(m, b);
-      const half_t* ov = R::outlier_values(r, d, b);
-      const std::uint8_t* oi = R::outlier_channels(r, d, b);
-      R::unpack(r, d, b, codes);
+      const typename R::Loaded v = R::load(r, d, b, codes);
       for (int h = 0; h < g; ++h) {
         const float w = p[std::size_t(h) * T + t];
         float* oh = o.data() + std::size_t(h) * d;
-        const float wz = w * a.zero, ws = w * a.scale;
+        const float wz = w * v.affine.zero, ws = w * v.affine.scale;
         for (int c = 0; c < d; ++c) oh[c] += wz + ws * codes[c];
-        for (int j = 0; j < Q::outliers(d); ++j)
-          oh[oi[j]] += w * (ov[j].to_float() - Q::decode(m, b, std::uint8_t(codes[oi[j]])));
+        for (int j = 0; j < Q::outliers(d); ++j) oh[v.out_idx[j]] += w * v.correction(j);
       }
     });
     for (int h = 0; h < g; ++h)

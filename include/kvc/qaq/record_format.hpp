@@ -75,6 +75,24 @@ struct RecordFormat {
       default: unpack<8>(r, d, out); break;
     }
   }
+  /// What attention needs of one record: its codes unpacked to floats (into the caller's d floats), the
+  /// affine of its width, and its outliers with their corrections x_c - x^_c.
+  struct Loaded {
+    QuantMeta meta;
+    Affine affine;
+    int width;
+    const half_t* out_val;
+    const std::uint8_t* out_idx;
+    const float* codes;
+    KVC_HOST_DEVICE float correction(int j) const noexcept {
+      return out_val[j].to_float() - Q::decode(meta, width, static_cast<std::uint8_t>(codes[out_idx[j]]));
+    }
+  };
+  KVC_HOST_DEVICE static Loaded load(const std::byte* r, int d, int b, float* codes_out) noexcept {
+    unpack(r, d, b, codes_out);
+    const QuantMeta m = meta(r);
+    return {m, Q::affine(m, b), b, outlier_values(r, d, b), outlier_channels(r, d, b), codes_out};
+  }
   /// Writes a record at width b from one-byte-per-channel codes at width `from` >= b (narrowed by shifting:
   /// Q's codes nest), the metadata and the outliers.
   KVC_HOST_DEVICE static void write(std::byte* r, int d, int b, int id_bytes, QuantMeta m, const std::uint8_t* codes_from,
