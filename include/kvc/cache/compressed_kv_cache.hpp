@@ -174,25 +174,13 @@ class CompressedKVCache {
     check_index(layer, 0);
     return rules::stored_bytes(cfg_, lengths_.data() + std::size_t(layer) * cfg_.batch);
   }
-  [[nodiscard]] std::size_t stored_bytes() const {
-    std::size_t total = 0;
-    for (int l = 0; l < cfg_.layers; ++l) total += stored_bytes(l);
-    return total;
-  }
+  [[nodiscard]] std::size_t stored_bytes() const { return detail::stored_bytes_all_layers(*this); }
   /// Bytes of the cache that one decode step over `layer` reads (every live byte, once).
   [[nodiscard]] std::size_t decode_read_bytes(int layer) const { return stored_bytes(layer); }
   /// Elements (K and V) held in the cache.
-  [[nodiscard]] std::size_t elements() const {
-    std::size_t n = 0;
-    for (int l = 0; l < cfg_.layers; ++l)
-      for (int s = 0; s < cfg_.batch; ++s) n += std::size_t(length(l, s));
-    return n * 2u * cfg_.kv_heads * cfg_.head_dim;
-  }
+  [[nodiscard]] std::size_t elements() const { return detail::cached_elements(*this); }
   /// Stored bits per K/V element, everything counted (0 when empty).
-  [[nodiscard]] double bits_per_element() const {
-    const std::size_t e = elements();
-    return e ? 8.0 * static_cast<double>(stored_bytes()) / static_cast<double>(e) : 0.0;
-  }
+  [[nodiscard]] double bits_per_element() const { return detail::bits_per_cached_element(*this); }
   /// Bytes reserved for the configured capacity.
   [[nodiscard]] std::size_t allocated_bytes() const {
     return k_blocks_.size() + v_blocks_.size() +

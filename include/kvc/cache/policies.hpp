@@ -261,5 +261,28 @@ struct CacheRules {
     }
   }
 };
+
+/// Whole-cache accounting of a host cache C (config(), length(layer, seq), stored_bytes(layer)): shared by
+/// CompressedKVCache and QAQ's cache.
+template <class C>
+std::size_t stored_bytes_all_layers(const C& c) {
+  std::size_t total = 0;
+  for (int l = 0; l < c.config().layers; ++l) total += c.stored_bytes(l);
+  return total;
+}
+/// K and V elements held (tokens x 2 x kv_heads x head_dim).
+template <class C>
+std::size_t cached_elements(const C& c) {
+  std::size_t n = 0;
+  for (int l = 0; l < c.config().layers; ++l)
+    for (int s = 0; s < c.config().batch; ++s) n += std::size_t(c.length(l, s));
+  return n * 2u * c.config().kv_heads * c.config().head_dim;
+}
+/// Stored bits per K/V element, everything stored_bytes counts (0 when empty).
+template <class C>
+double bits_per_cached_element(const C& c) {
+  const std::size_t e = cached_elements(c);
+  return e ? 8.0 * static_cast<double>(stored_bytes_all_layers(c)) / static_cast<double>(e) : 0.0;
+}
 }  // namespace detail
 }  // namespace kvc

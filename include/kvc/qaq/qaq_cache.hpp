@@ -250,11 +250,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       }
     return total;
   }
-  [[nodiscard]] std::size_t stored_bytes() const {
-    std::size_t total = 0;
-    for (int l = 0; l < cfg_.layers; ++l) total += stored_bytes(l);
-    return total;
-  }
+  [[nodiscard]] std::size_t stored_bytes() const { return detail::stored_bytes_all_layers(*this); }
   /// Bytes one decode step over `layer` reads: every record once and every history (which it also writes).
   [[nodiscard]] std::size_t decode_read_bytes(int layer) const { return stored_bytes(layer); }
   /// Bytes of the full-precision mirror (fp16 K and V of every token), not part of stored_bytes().
@@ -263,16 +259,8 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     for (std::size_t i = 0; i < mirror_k_.size(); ++i) total += (mirror_k_[i].size() + mirror_v_[i].size()) * sizeof(half_t);
     return total;
   }
-  [[nodiscard]] std::size_t elements() const {
-    std::size_t n = 0;
-    for (int l = 0; l < cfg_.layers; ++l)
-      for (int s = 0; s < cfg_.batch; ++s) n += std::size_t(length(l, s));
-    return n * 2u * cfg_.kv_heads * cfg_.head_dim;
-  }
-  [[nodiscard]] double bits_per_element() const {
-    const std::size_t e = elements();
-    return e ? 8.0 * double(stored_bytes()) / double(e) : 0.0;
-  }
+  [[nodiscard]] std::size_t elements() const { return detail::cached_elements(*this); }
+  [[nodiscard]] double bits_per_element() const { return detail::bits_per_cached_element(*this); }
   /// Average code width of one side over every token (0 when empty).
   [[nodiscard]] double average_width(int side) const {
     double sum = 0.0, n = 0.0;
