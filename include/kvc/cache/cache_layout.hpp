@@ -210,11 +210,7 @@ struct TokenRowFormat {
     const int gc = group_channels(d), ng = groups(d);
     for (int g = 0; g < ng; ++g) {
       const int c0 = g * gc;
-      auto put = [&](int, int c, std::uint8_t code) {
-        const int bit = (c0 + c) * kBits, at = bit >> 3, sh = bit & 7;
-        codes[at] = static_cast<std::uint8_t>(codes[at] | (code << sh));
-        if (sh + kBits > 8) codes[at + 1] = static_cast<std::uint8_t>(codes[at + 1] | (code >> (8 - sh)));
-      };
+      auto put = [&](int, int c, std::uint8_t code) { or_dense_code(codes, c0 + c, kBits, code); };
       const QuantMeta m = quantize_group_masked<typename Q::codec>(
           1, gc, kBits, [&](int, int c) { return x[c0 + c]; }, put, [](int, int) { return true; });
       meta[g] = m.lo;
@@ -222,11 +218,7 @@ struct TokenRowFormat {
     }
   }
   KVC_HOST_DEVICE static int code_at(const std::byte* row, int c) noexcept {
-    const auto* codes = reinterpret_cast<const std::uint8_t*>(row);
-    const int bit = c * kBits, at = bit >> 3, sh = bit & 7;
-    unsigned v = codes[at] >> sh;
-    if (sh + kBits > 8) v |= unsigned(codes[at + 1]) << (8 - sh);
-    return int(v & ((1u << kBits) - 1u));
+    return dense_code_at(reinterpret_cast<const std::uint8_t*>(row), c, kBits);
   }
   /// The whole row, x[0, d) (one affine per group; decode() rounding).
   KVC_HOST_DEVICE static void decode_row(const std::byte* row, int d, float* x) noexcept {

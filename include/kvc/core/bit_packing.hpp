@@ -107,4 +107,19 @@ KVC_HOST_DEVICE void unpack_codes(const std::uint8_t* packed, std::size_t n, int
     off += w;
   }
 }
+
+/// Dense LSB-first packing (token rows: PartialLogQuant's value rows, QAQ's records): code c of `bits`
+/// bits at bit offset c * bits. or_dense_code ORs code (< 2^bits) in: the bytes it touches start zeroed.
+KVC_HOST_DEVICE void or_dense_code(std::uint8_t* p, int c, int bits, unsigned code) noexcept {
+  const int bit = c * bits, at = bit >> 3, sh = bit & 7;
+  p[at] = static_cast<std::uint8_t>(p[at] | (code << sh));
+  if (sh + bits > 8) p[at + 1] = static_cast<std::uint8_t>(p[at + 1] | (code >> (8 - sh)));
+}
+/// Code c of a dense LSB-first stream of `bits`-bit codes.
+KVC_HOST_DEVICE int dense_code_at(const std::uint8_t* p, int c, int bits) noexcept {
+  const int bit = c * bits, at = bit >> 3, sh = bit & 7;
+  unsigned v = p[at] >> sh;
+  if (sh + bits > 8) v |= unsigned(p[at + 1]) << (8 - sh);
+  return int(v & ((1u << bits) - 1u));
+}
 }  // namespace kvc

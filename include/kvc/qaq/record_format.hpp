@@ -10,6 +10,7 @@
 #pragma once
 
 #include <kvc/config.hpp>
+#include <kvc/core/bit_packing.hpp>
 #include <kvc/core/numeric.hpp>
 #include <kvc/quant/codec.hpp>
 
@@ -44,13 +45,7 @@ struct RecordFormat {
     return t;
   }
   /// Width-b code of channel c.
-  KVC_HOST_DEVICE static int code_at(const std::byte* r, int c, int b) noexcept {
-    const std::uint8_t* p = codes(r);
-    const int bit = c * b, at = bit >> 3, sh = bit & 7;
-    unsigned v = p[at] >> sh;
-    if (sh + b > 8) v |= unsigned(p[at + 1]) << (8 - sh);
-    return int(v & ((1u << b) - 1u));
-  }
+  KVC_HOST_DEVICE static int code_at(const std::byte* r, int c, int b) noexcept { return dense_code_at(codes(r), c, b); }
   /// All d width-W codes as floats (W the record's width, d % 8 == 0): 8 codes fill exactly W bytes.
   template <int W>
   KVC_HOST_DEVICE static void unpack(const std::byte* r, int d, float* out) noexcept {
@@ -103,12 +98,7 @@ struct RecordFormat {
     h[1] = m.step;
     auto* p = reinterpret_cast<std::uint8_t*>(r + 4);
     for (std::size_t i = 0; i < code_bytes(d, b); ++i) p[i] = 0;
-    for (int c = 0; c < d; ++c) {
-      const unsigned q = unsigned(codes_from[c]) >> (from - b);
-      const int bit = c * b, at = bit >> 3, sh = bit & 7;
-      p[at] = static_cast<std::uint8_t>(p[at] | (q << sh));
-      if (sh + b > 8) p[at + 1] = static_cast<std::uint8_t>(p[at + 1] | (q >> (8 - sh)));
-    }
+    for (int c = 0; c < d; ++c) or_dense_code(p, c, b, unsigned(codes_from[c]) >> (from - b));
     const int n = Q::outliers(d);
     auto* ov = reinterpret_cast<half_t*>(r + 4 + code_bytes(d, b));
     auto* oi = reinterpret_cast<std::uint8_t*>(r + 4 + code_bytes(d, b) + 2 * std::size_t(n));
