@@ -90,6 +90,26 @@ TEST(QaqWidth, GuardsOfSpec26) {
   EXPECT_EQ(kvc::qaq::value_width(1.0, 100, 0.0, 1.0, r), 7);
 }
 
+// The per-step rule with the token-independent parts evaluated once gives exactly the per-token formulas.
+TEST(QaqWidth, StepWidthsEqualThePerTokenFormulas) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> log_range(-12.0, 6.0);
+  for (int T : {1, 2, 3, 100, 4097, 1 << 20})
+    for (double qn2 : {0.0, 0.37, 5.0})
+      for (double sigma : {1e-4, 3e-3, 0.2}) {
+        const kvc::qaq::StepWidths<> rule(T, sigma, qn2, 10 * sigma, {1, 8});
+        for (int i = 0; i < 200; ++i) {
+          const double range = i == 0 ? 0.0 : std::exp2(log_range(rng));
+          ASSERT_EQ(rule.key(range), kvc::qaq::key_width(range, T, sigma, qn2, {1, 8})) << T << " " << range;
+          for (int code = 0; code < 256; code += i % 7 + 1) {
+            const double s_hat = kvc::qaq::ProbCode::decode(std::uint8_t(code));
+            ASSERT_EQ(rule.value(range, std::uint8_t(code)), kvc::qaq::value_width(range, T, 10 * sigma, s_hat, {1, 8}))
+                << T << " " << range << " " << code;
+          }
+        }
+      }
+}
+
 TEST(QaqHistory, ProbabilityCodesRoundTowardLargerProbabilities) {
   using kvc::qaq::ProbCode;
   EXPECT_EQ(ProbCode::encode(1.0f), 0);
@@ -491,17 +511,25 @@ TEST_P(QaqCacheAttention, MatchesTheOracleWhileWidthsChangeEveryStep) {
         for (std::size_t t = 0; t < p.size(); ++t) m[t] = std::max(m[t], p[t]);
       }
     }
-    kvc::qaq_decode_step(c, 0, kvc::QueryView::contiguous(q.data(), batch, Hq, d),
-                         kvc::OutputView::contiguous(out.data(), batch, Hq, d), {}, probs);
     double vmax = 0.0;
     for (const auto& k : x) vmax = std::max(vmax, double(kvc_test::max_abs(k.v)));
-    for (std::size_t i = 0; i < out.size(); ++i)
-      ASSERT_NEAR(out[i], want[i], 2e-5 * (vmax + 1.0)) << "step " << step << " element " << i;
-    for (int s = 0; s < batch; ++s)
-      for (int h = 0; h < H; ++h)
-        for (int t = 0; t < c.length(0, s); ++t)
-          ASSERT_NEAR(probs.row(s, h)[t], pmax[std::size_t(s * H + h)][std::size_t(t)], 1e-5)
-              << "step " << step << " seq " << s << " head " << h << " token " << t;
+    // Every SIMD path this CPU runs, on the same cache state; then the step's width update.
+    for (kvc::Isa isa : {kvc::Isa::kPortable, kvc::Isa::kAvx2, kvc::Isa::kAvx512}) {
+      if (!kvc::isa_compiled(isa) || !kvc::detail::cpu_runs(isa)) continue;
+      kvc::AttentionOptions opt;
+      opt.isa = isa;
+      kvc::decode_attention(c, 0, kvc::QueryView::contiguous(q.data(), batch, Hq, d),
+                            kvc::OutputView::contiguous(out.data(), batch, Hq, d), opt, &probs);
+      for (std::size_t i = 0; i < out.size(); ++i)
+        ASSERT_NEAR(out[i], want[i], 2e-5 * (vmax + 1.0)) << "step " << step << " element " << i << " isa " << int(isa);
+      for (int s = 0; s < batch; ++s)
+        for (int h = 0; h < H; ++h)
+          for (int t = 0; t < c.length(0, s); ++t)
+            ASSERT_NEAR(probs.row(s, h)[t], pmax[std::size_t(s * H + h)][std::size_t(t)], 1e-5)
+                << "step " << step << " seq " << s << " head " << h << " token " << t << " isa " << int(isa);
+    }
+    kvc::qaq_decode_step(c, 0, kvc::QueryView::contiguous(q.data(), batch, Hq, d),
+                         kvc::OutputView::contiguous(out.data(), batch, Hq, d), {}, probs);
   }
   // Widths did move: both sides hold several widths, and some tokens sit below B_max.
   for (int side = 0; side < 2; ++side) {

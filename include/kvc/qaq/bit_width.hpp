@@ -84,6 +84,26 @@ KVC_HOST_DEVICE int value_width(double range, int T, double sigma_x, double s_ha
   return width_for_ratio(range / (kTwoSqrt3 * Bounds::value_sigma(T, sigma_x, s_hat)), r);
 }
 
+/// The width rule of one stream at one decode step with everything that does not depend on the token
+/// evaluated once: key(range) == key_width(range, T, sigma_S, qnorm2) and value(range, c) ==
+/// value_width(range, T, sigma_X, ProbCode::decode(c)) exactly (the same double expressions; tested).
+/// ~2 KB; host+device.
+template <class Bounds = PaperBounds>
+struct StepWidths {
+  int T;
+  WidthRange r;
+  bool key_min;                 // ||Q||^2 == 0: every key at r.min
+  double key_denom;             // 2 sqrt(3) sigma_K
+  double value_denom[256];      // 2 sqrt(3) sigma_V per probability code (255: S^ = 0, unused)
+  KVC_HOST_DEVICE StepWidths(int T_, double sigma_s, double qnorm2, double sigma_x, WidthRange r_) noexcept;
+  KVC_HOST_DEVICE int key(double range) const noexcept {
+    if (T <= 1) return r.max;
+    if (key_min || !(range > 0.0)) return r.min;
+    return width_for_ratio(range / key_denom, r);
+  }
+  KVC_HOST_DEVICE int value(double range, std::uint8_t code) const noexcept;
+};
+
 /// One token's attention history (SPEC §2.4): the last n probabilities it received, as 8-bit codes of
 /// -log2(p) in 1/8 binades rounded toward larger p (decoded p >= true p, at most 2^(1/8) = 9 % above it;
 /// the width depends on S^ only through ceil(log2), so the rounding moves a token up by at most one
@@ -103,6 +123,22 @@ struct ProbCode {
   }
 };
 
+template <class Bounds>
+KVC_HOST_DEVICE StepWidths<Bounds>::StepWidths(int T_, double sigma_s, double qnorm2, double sigma_x, WidthRange r_) noexcept
+    : T(T_), r(r_), key_min(!(qnorm2 > 0.0)), key_denom(1.0) {
+  if (T <= 1) return;
+  if (!key_min) key_denom = kTwoSqrt3 * Bounds::key_sigma(T, sigma_s, qnorm2);
+  for (int c = 0; c < 255; ++c)
+    value_denom[c] = kTwoSqrt3 * Bounds::value_sigma(T, sigma_x, double(ProbCode::decode(std::uint8_t(c))));
+  value_denom[255] = 1.0;
+}
+template <class Bounds>
+KVC_HOST_DEVICE int StepWidths<Bounds>::value(double range, std::uint8_t code) const noexcept {
+  if (T <= 1) return r.max;
+  if (code == ProbCode::kZero || !(range > 0.0)) return r.min;
+  return width_for_ratio(range / value_denom[code], r);
+}
+
 /// Ring of the last N probability codes of one token, plus how many it has seen (saturating at N).
 /// Max of probabilities = min of codes. 8 bytes for N <= 7. Host+device.
 template <int N>
@@ -121,12 +157,14 @@ struct AttentionHistory {
     if (seen < N) ++seen;
   }
   KVC_HOST_DEVICE bool full() const noexcept { return seen >= N; }
-  /// S^_t: the largest of the recorded probabilities (0 before any).
-  KVC_HOST_DEVICE float s_hat() const noexcept {
+  /// The code of S^_t (the smallest code: the largest probability; ProbCode::kZero before any).
+  KVC_HOST_DEVICE std::uint8_t s_hat_code() const noexcept {
     std::uint8_t m = ProbCode::kZero;
     for (int i = 0; i < N; ++i) m = code[i] < m ? code[i] : m;
-    return ProbCode::decode(m);
+    return m;
   }
+  /// S^_t: the largest of the recorded probabilities (0 before any).
+  KVC_HOST_DEVICE float s_hat() const noexcept { return ProbCode::decode(s_hat_code()); }
 };
 
 /// Bisection in log space for the target (in [lo, hi], both > 0) at which `average_bits(target)`, a

@@ -6,13 +6,16 @@
 ///     q_c (x_c - x^_c) per outlier; the score lands at the record's token;
 ///  2. softmax per query head over the T scores; probs[t] = max over the GQA group (SPEC Q6);
 ///  3. every value bucket: o += p_t (zero_t + scale_t code_tc), plus p_t (x_c - x^_c) per outlier.
-/// Each record's codes are unpacked once (width-specialised) and used by every query head of the group.
-/// Scratch: group x T floats per stream. Float arithmetic throughout (AttentionOptions::precision has no
-/// effect: there is no integer path yet), parallel over (sequence, KV head) with OpenMP. Host only.
+/// Each record's codes are unpacked once (width-specialised) and used by every query head of the group
+/// (qaq/detail/attention_kernel.hpp, compiled per SIMD path like the main kernel and chosen at run time by
+/// AttentionOptions::isa). Float arithmetic throughout: AttentionOptions::precision has no effect (there is
+/// no integer path). Scratch: group x (T + 2) + 4 d floats per thread. Parallel over (sequence, KV head)
+/// with OpenMP. Host only.
 #pragma once
 
 #include <kvc/config.hpp>
 #include <kvc/attention/decode_attention.hpp>
+#include <kvc/core/aligned_buffer.hpp>
 #include <kvc/core/error.hpp>
 #include <kvc/core/view.hpp>
 #include <kvc/qaq/qaq_cache.hpp>
@@ -20,11 +23,52 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
+#include <limits>
 #include <vector>
 
 #if KVC_HAS_OPENMP()
 #  include <omp.h>
 #endif
+
+namespace kvc::detail {
+/// One (sequence, KV head) stream of QAQ attention: the kernel's inputs and buffers.
+struct QaqStream {
+  int d, g, T;
+  const float* q;     ///< [g][d] query, pre-multiplied by scale * log2(e)
+  const float* qsum;  ///< [g] sum_c q_c
+  float* s;           ///< [g][T] scores, then probabilities
+  float* o;           ///< [g][d] output
+  float* zsum;        ///< [g] scratch: sum_t p_t zero_t
+  float* codes;       ///< [4][d] scratch: up to 4 records' codes
+};
+}  // namespace kvc::detail
+
+KVC_SUPPRESS_INTRINSIC_WARNINGS_BEGIN
+#define KVC_ATTENTION_INTERNAL
+#define KVC_ISA_LEVEL_ 0
+#define KVC_ISA_NS isa_portable
+#include <kvc/qaq/detail/attention_kernel.hpp>
+#undef KVC_ISA_NS
+#undef KVC_ISA_LEVEL_
+#if KVC_HAS_ISA_DISPATCH()
+KVC_TARGET_BEGIN_AVX2_
+#  define KVC_ISA_LEVEL_ 1
+#  define KVC_ISA_NS isa_avx2
+#  include <kvc/qaq/detail/attention_kernel.hpp>
+#  undef KVC_ISA_NS
+#  undef KVC_ISA_LEVEL_
+KVC_TARGET_END_
+KVC_TARGET_BEGIN_AVX512_
+#  define KVC_ISA_LEVEL_ 2
+#  define KVC_ISA_NS isa_avx512
+#  include <kvc/qaq/detail/attention_kernel.hpp>
+#  undef KVC_ISA_NS
+#  undef KVC_ISA_LEVEL_
+KVC_TARGET_END_
+#endif
+#undef KVC_ATTENTION_INTERNAL
+KVC_SUPPRESS_INTRINSIC_WARNINGS_END
 
 namespace kvc {
 
@@ -35,74 +79,55 @@ void decode_attention(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPe
                       int layer, QueryView q, OutputView out, const AttentionOptions& opt = {},
                       qaq::TokenProbs* probs = nullptr) {
   using Cache = CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>>;
-  using Q = typename Cache::quantizer;
-  using R = typename Cache::record;
   const CacheConfig& cfg = cache.config();
   KVC_CHECK(layer >= 0 && layer < cfg.layers, Errc::kInvalidArgument, "layer ", layer, " out of range [0, ",
             cfg.layers, ")");
   std::vector<int> lengths(std::size_t(cfg.batch));
   for (int s = 0; s < cfg.batch; ++s) lengths[std::size_t(s)] = cache.length(layer, s);
   detail::check_decode_inputs(cfg.batch, cfg.kv_heads, cfg.head_dim, lengths.data(), q, out);
-  (void)validate(opt);
+  const Isa isa = validate(opt);
   const int nseq = q.dim0, H = cfg.kv_heads, g = q.dim1 / H, d = cfg.head_dim;
-  const float scale = opt.scale > 0.0f ? opt.scale : 1.0f / std::sqrt(float(d));
+  const float scale = (opt.scale > 0.0f ? opt.scale : 1.0f / std::sqrt(float(d))) * detail::kLog2e;
   const int tmax = *std::max_element(lengths.begin(), lengths.begin() + nseq);
   if (probs) probs->resize(nseq, H, tmax);
-  std::vector<float> result(std::size_t(nseq) * q.dim1 * d);
+  AlignedBuffer<float> qs(std::size_t(nseq) * q.dim1 * d), result(std::size_t(nseq) * q.dim1 * d);
+  for (int s = 0; s < nseq; ++s)
+    for (int h = 0; h < q.dim1; ++h)
+      for (int c = 0; c < d; ++c) qs[(std::size_t(s) * q.dim1 + h) * d + c] = q.row(s, h)[c] * scale;
+  bool (*run)(const Cache&, const typename Cache::Side&, const typename Cache::Side&, const detail::QaqStream&,
+              float*) = nullptr;
+  switch (isa) {
+#if KVC_HAS_ISA_DISPATCH()
+    case Isa::kAvx512: run = &detail::isa_avx512::qaq_kernel::run_stream<Cache>; break;
+    case Isa::kAvx2: run = &detail::isa_avx2::qaq_kernel::run_stream<Cache>; break;
+#endif
+    default: run = &detail::isa_portable::qaq_kernel::run_stream<Cache>; break;
+  }
   std::vector<unsigned char> finite(std::size_t(nseq) * H, 1);
   const int streams = nseq * H;
 #if KVC_HAS_OPENMP()
   const int threads = opt.num_threads > 0 ? opt.num_threads : omp_get_max_threads();
-#  pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+#  pragma omp parallel num_threads(threads)
 #endif
-  for (int i = 0; i < streams; ++i) {
-    const int s = i / H, kh = i % H, T = lengths[std::size_t(s)];
-    std::vector<float> qs(std::size_t(g) * d), qsum(std::size_t(g), 0.0f), p(std::size_t(g) * T), o(std::size_t(g) * d, 0.0f);
-    float codes[Q::kMaxHeadDim];  // one record's codes as floats
-    for (int h = 0; h < g; ++h)
-      for (int c = 0; c < d; ++c) {
-        qs[std::size_t(h) * d + c] = q.row(s, kh * g + h)[c] * scale;
-        qsum[std::size_t(h)] += qs[std::size_t(h) * d + c];
-      }
-    // Pass 1: scores at their tokens.
-    cache.for_each_record(cache.keys(layer, s, kh), [&](const std::byte* r, int b, std::uint32_t t) {
-      const typename R::Loaded k = R::load(r, d, b, codes);
+  {
+    const detail::FlushDenormals ftz;  // probabilities far below the max underflow (see decode_attention.hpp)
+    AlignedBuffer<float> scratch(std::size_t(g) * (std::size_t(tmax) + 2) + 4 * std::size_t(d));
+#if KVC_HAS_OPENMP()
+#  pragma omp for schedule(dynamic, 1)
+#endif
+    for (int i = 0; i < streams; ++i) {
+      const int s = i / H, kh = i % H;
+      const std::size_t q0 = (std::size_t(s) * q.dim1 + std::size_t(kh) * g) * d;
+      float* qsum = scratch.data();
       for (int h = 0; h < g; ++h) {
-        const float* qh = qs.data() + std::size_t(h) * d;
-        float dot = 0.0f;
-        for (int c = 0; c < d; ++c) dot += qh[c] * codes[c];
-        float score = k.affine.zero * qsum[std::size_t(h)] + k.affine.scale * dot;
-        for (int j = 0; j < Q::outliers(d); ++j) score += qh[k.out_idx[j]] * k.correction(j);
-        p[std::size_t(h) * T + t] = score;
+        qsum[h] = 0.0f;
+        for (int c = 0; c < d; ++c) qsum[h] += qs[q0 + std::size_t(h) * d + c];
       }
-    });
-    // Softmax per query head; the group's largest probability per token.
-    float* pr = probs ? probs->row(s, kh) : nullptr;
-    for (int h = 0; h < g; ++h) {
-      float* ph = p.data() + std::size_t(h) * T;
-      const float mx = *std::max_element(ph, ph + T);
-      float sum = 0.0f;
-      for (int t = 0; t < T; ++t) sum += (ph[t] = std::exp(ph[t] - mx));
-      if (!std::isfinite(mx) || !std::isfinite(sum)) finite[std::size_t(i)] = 0;
-      const float inv = 1.0f / sum;
-      for (int t = 0; t < T; ++t) {
-        ph[t] *= inv;
-        if (pr) pr[t] = h == 0 ? ph[t] : std::max(pr[t], ph[t]);
-      }
+      const detail::QaqStream st{d,    g, lengths[std::size_t(s)], qs.data() + q0, qsum, scratch.data() + 2 * g + 4 * d,
+                                 result.data() + q0, scratch.data() + g, scratch.data() + 2 * g};
+      finite[std::size_t(i)] = run(cache, cache.keys(layer, s, kh), cache.values(layer, s, kh), st,
+                                   probs ? probs->row(s, kh) : nullptr);
     }
-    // Pass 2: the probability-weighted values.
-    cache.for_each_record(cache.values(layer, s, kh), [&](const std::byte* r, int b, std::uint32_t t) {
-      const typename R::Loaded v = R::load(r, d, b, codes);
-      for (int h = 0; h < g; ++h) {
-        const float w = p[std::size_t(h) * T + t];
-        float* oh = o.data() + std::size_t(h) * d;
-        const float wz = w * v.affine.zero, ws = w * v.affine.scale;
-        for (int c = 0; c < d; ++c) oh[c] += wz + ws * codes[c];
-        for (int j = 0; j < Q::outliers(d); ++j) oh[v.out_idx[j]] += w * v.correction(j);
-      }
-    });
-    for (int h = 0; h < g; ++h)
-      std::copy_n(o.data() + std::size_t(h) * d, d, result.data() + (std::size_t(s) * q.dim1 + kh * g + h) * d);
   }
   for (int i = 0; i < streams; ++i)
     KVC_CHECK(finite[std::size_t(i)], Errc::kOutOfRange, "attention scores of sequence ", i / H, " KV head ", i % H,

@@ -164,14 +164,19 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
         }
     }
     if constexpr (!kAdaptive) return;
-    for (int s = 0; s < cfg_.batch; ++s) {
-      const int T = length(layer, s);
-      for (int h = 0; h < cfg_.kv_heads; ++h) {
-        const std::size_t st = stream(layer, s, h);
-        for (int t = 0; t < T; ++t) hist_[st][std::size_t(t)].push(probs.row(s, h)[t]);
-        rebucket(st, T, true, double(calib_.at(layer, h)));
-        rebucket(st, T, false, 0.0);
-      }
+    const int streams = cfg_.batch * cfg_.kv_heads;
+#if KVC_HAS_OPENMP()
+#  pragma omp parallel for schedule(dynamic, 1) if (streams > 1)
+#endif
+    for (int i = 0; i < streams; ++i) {
+      const int s = i / cfg_.kv_heads, h = i % cfg_.kv_heads, T = lengths_[std::size_t(layer) * cfg_.batch + s];
+      const std::size_t st = stream(layer, s, h);
+      const float* p = probs.row(s, h);
+      for (int t = 0; t < T; ++t) hist_[st][std::size_t(t)].push(p[t]);
+      const qaq::StepWidths<typename quantizer::bounds> rule(T, targets_.key_sigma_s, double(calib_.at(layer, h)),
+                                                             targets_.value_sigma_x, quantizer::widths());
+      rebucket(st, true, rule);
+      rebucket(st, false, rule);
     }
   }
 
@@ -294,32 +299,44 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     bk.resize(at + record::bytes(d, b, id_bytes_));
     record::write(bk.data() + at, d, b, id_bytes_, m, codes, BMax, val, idx, id);
   }
-  /// Re-derives every record's width of one stream side and moves the records that change.
-  void rebucket(std::size_t st, int T, bool key, double qnorm2) {
+  /// Re-derives every record's width of one stream side and moves the records that change, in place: each
+  /// bucket is compacted over the records that stay, the movers (lowered by a shift, or raised from the
+  /// mirror) are staged and appended to their new buckets afterwards. Reads every record's metadata and
+  /// token; writes only the records that move (and the compaction).
+  void rebucket(std::size_t st, bool key, const qaq::StepWidths<typename quantizer::bounds>& rule) {
     const int d = cfg_.head_dim;
     Side& sd = key ? keys_[st] : values_[st];
     const std::vector<half_t>& mirror = key ? mirror_k_[st] : mirror_v_[st];
-    Side next;
+    const std::vector<history>& hist = hist_[st];
+    Side moved;
     for (int b = BMin; b <= BMax; ++b) {
       const std::size_t rb = record::bytes(d, b, id_bytes_);
-      const std::vector<std::byte>& bk = sd.bucket[std::size_t(b - BMin)];
+      std::vector<std::byte>& bk = sd.bucket[std::size_t(b - BMin)];
+      std::size_t keep = 0;
       for (std::size_t o = 0; o < bk.size(); o += rb) {
         const std::byte* r = bk.data() + o;
         const std::uint32_t t = record::token(r, d, b, id_bytes_);
-        const int nb = width(hist_[st][t], record::meta(r), T, key, qnorm2);
-        std::vector<std::byte>& dst = next.bucket[std::size_t(nb - BMin)];
+        const history& ht = hist[t];
+        const double range = quantizer::range_bound(record::meta(r));
+        const int nb = !ht.full() ? BMax : key ? rule.key(range) : rule.value(range, ht.s_hat_code());
         if (nb == b) {
-          dst.insert(dst.end(), r, r + rb);
+          if (keep != o) std::memmove(bk.data() + keep, r, rb);
+          keep += rb;
         } else if (nb < b) {
+          std::vector<std::byte>& dst = moved.bucket[std::size_t(nb - BMin)];
           const std::size_t at = dst.size();
           dst.resize(at + record::bytes(d, nb, id_bytes_));
           record::lower(r, b, dst.data() + at, nb, d, id_bytes_);
         } else {
-          put(next, mirror.data() + std::size_t(t) * d, nb, t);
+          put(moved, mirror.data() + std::size_t(t) * d, nb, t);
         }
       }
+      bk.resize(keep);
     }
-    sd = std::move(next);
+    for (int b = 0; b < kWidths; ++b) {
+      const std::vector<std::byte>& src = moved.bucket[std::size_t(b)];
+      sd.bucket[std::size_t(b)].insert(sd.bucket[std::size_t(b)].end(), src.begin(), src.end());
+    }
   }
 
   CacheConfig cfg_;

@@ -85,9 +85,11 @@ struct QaqQuantizer {
     return m.step.to_float() * float(1u << (BMax - b));
   }
   /// x^ = zero + scale * code_b at width b.
-  KVC_HOST_DEVICE static Affine affine(QuantMeta m, int b) noexcept {
-    const float w = step(m, b);
-    return {m.lo.to_float() + codec::kZeroOffset * w, w};
+  KVC_HOST_DEVICE static Affine affine(QuantMeta m, int b) noexcept { return affine(m.lo.to_float(), m.step.to_float(), b); }
+  /// The same from the metadata already converted to float (kernels that convert fp16 in bulk).
+  KVC_HOST_DEVICE static Affine affine(float lo, float step_max, int b) noexcept {
+    const float w = step_max * float(1u << (BMax - b));
+    return {lo + codec::kZeroOffset * w, w};
   }
   /// The width-b code of a B_max code (or of a wider code `from`).
   KVC_HOST_DEVICE static std::uint8_t narrow(std::uint8_t code, int b, int from = BMax) noexcept {

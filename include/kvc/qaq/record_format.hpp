@@ -21,6 +21,7 @@ namespace kvc::qaq {
 
 template <class Q>
 struct RecordFormat {
+  using quantizer = Q;
   KVC_HOST_DEVICE static constexpr std::size_t code_bytes(int d, int b) noexcept { return std::size_t(d) * b / 8; }
   KVC_HOST_DEVICE static constexpr std::size_t bytes(int d, int b, int id_bytes) noexcept {
     return 4 + code_bytes(d, b) + 3 * std::size_t(Q::outliers(d)) + std::size_t(id_bytes);
@@ -83,10 +84,14 @@ struct RecordFormat {
       return out_val[j].to_float() - Q::decode(meta, width, static_cast<std::uint8_t>(codes[out_idx[j]]));
     }
   };
+  /// A record whose codes the caller has unpacked into `codes` (d floats).
+  KVC_HOST_DEVICE static Loaded view(const std::byte* r, int d, int b, const float* codes) noexcept {
+    const QuantMeta m = meta(r);
+    return {m, Q::affine(m, b), b, outlier_values(r, d, b), outlier_channels(r, d, b), codes};
+  }
   KVC_HOST_DEVICE static Loaded load(const std::byte* r, int d, int b, float* codes_out) noexcept {
     unpack(r, d, b, codes_out);
-    const QuantMeta m = meta(r);
-    return {m, Q::affine(m, b), b, outlier_values(r, d, b), outlier_channels(r, d, b), codes_out};
+    return view(r, d, b, codes_out);
   }
   /// Writes a record at width b from one-byte-per-channel codes at width `from` >= b (narrowed by shifting:
   /// Q's codes nest), the metadata and the outliers.

@@ -1,0 +1,291 @@
+/// \file attention_kernel.hpp (qaq, private)
+/// The fused CPU attention over QAQ's mixed-bit records for one SIMD path. Included once per path by
+/// qaq/decode_attention.hpp inside that path's target region, after attention/decode_attention.hpp has
+/// defined the path's simd:: layer in the same namespace; no include guard by design.
+///
+/// One (sequence, KV head) stream, width by width (the record layout is fixed per bucket, so the width is a
+/// template parameter): each record's d codes are unpacked once into floats (AVX2: one pshufb + one
+/// variable shift per 8 codes, for every width 1..8) and used by every query head of the GQA group.
+///   scores:  s_t = zero_t sum_c q_c + scale_t (q . code_t) + sum_outliers q_c (x_c - x^_c)   (log2 domain)
+///   softmax: per query head, vectorised exp2; the group's largest probability per token (SPEC Q6)
+///   values:  o += (p_t scale_t) code_t, plus p_t zero_t summed apart and added to every channel at the end,
+///            plus p_t (x_c - x^_c) per outlier.
+/// Float arithmetic; results differ from the portable path only in summation order and exp2's < 2e-7
+/// relative error.
+#if !defined(KVC_ATTENTION_INTERNAL) || !defined(KVC_ISA_LEVEL_) || !defined(KVC_ISA_NS)
+#  error "kvc/qaq/detail/attention_kernel.hpp is private: include <kvc/qaq/decode_attention.hpp>"
+#endif
+
+namespace kvc::detail::KVC_ISA_NS::qaq_kernel {
+
+#if KVC_ISA_LEVEL_ >= 1
+/// Per width W: for each of 8 lanes (codes i = 0..7 of a W-byte group), the two bytes that hold code i
+/// (from byte i W / 8) and its bit offset (i W) % 8.
+template <int W>
+struct UnpackTables {
+  alignas(32) static constexpr std::int8_t shuffle[32] = {
+#  define KVC_QAQ_LANE_(i) std::int8_t((i) * W / 8), std::int8_t((i) * W / 8 + 1), -128, -128
+      KVC_QAQ_LANE_(0), KVC_QAQ_LANE_(1), KVC_QAQ_LANE_(2), KVC_QAQ_LANE_(3),
+      KVC_QAQ_LANE_(4), KVC_QAQ_LANE_(5), KVC_QAQ_LANE_(6), KVC_QAQ_LANE_(7)
+#  undef KVC_QAQ_LANE_
+  };
+  alignas(32) static constexpr std::int32_t shift[8] = {0, W % 8, 2 * W % 8, 3 * W % 8, 4 * W % 8, 5 * W % 8, 6 * W % 8, 7 * W % 8};
+};
+#endif
+
+/// The 8 width-W codes of one group (W bytes at p) as a 64-bit word, built in registers (a narrow memcpy
+/// through the stack would stall store-to-load forwarding on the wide load that follows).
+template <int W>
+inline std::uint64_t group_bytes(const std::uint8_t* p) noexcept {
+  std::uint64_t v = 0;
+  for (int j = 0; j < W; ++j) v |= std::uint64_t(p[j]) << (8 * j);
+  return v;
+}
+
+/// The d (multiple of 8) dense LSB-first width-W codes at p as floats. `readable`: bytes that may be read
+/// from p (the record's codes and what follows them); groups with 8 readable bytes load one 64-bit word.
+template <int W>
+inline void unpack(const std::uint8_t* __restrict p, int d, std::size_t readable, float* __restrict out) noexcept {
+#if KVC_ISA_LEVEL_ == 0
+  (void)readable;
+  constexpr std::uint64_t mask = (std::uint64_t(1) << W) - 1u;
+  for (int c0 = 0; c0 < d; c0 += 8, p += W) {
+    const std::uint64_t v = group_bytes<W>(p);
+    for (int i = 0; i < 8; ++i) out[c0 + i] = float((v >> (i * W)) & mask);
+  }
+#else
+  if constexpr (W == 8) {
+    (void)readable;
+    for (int c0 = 0; c0 < d; c0 += 8)
+      _mm256_storeu_ps(out + c0, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + c0)))));
+  } else {
+    using T = UnpackTables<W>;
+    const __m256i shuffle = _mm256_load_si256(reinterpret_cast<const __m256i*>(T::shuffle));
+    const __m256i shift = _mm256_load_si256(reinterpret_cast<const __m256i*>(T::shift));
+    const __m256i mask = _mm256_set1_epi32((1 << W) - 1);
+    // Groups whose 8-byte load stays inside the readable bytes.
+    const int wide = readable >= 8 ? std::min(d / 8, int((readable - 8) / W) + 1) : 0;
+    auto emit = [&](int c0, std::uint64_t v) {
+      const __m256i x = _mm256_shuffle_epi8(_mm256_set1_epi64x(static_cast<long long>(v)), shuffle);
+      _mm256_storeu_ps(out + c0, _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(x, shift), mask)));
+    };
+    int gi = 0;
+    for (; gi < wide; ++gi) {
+      std::uint64_t v;
+      std::memcpy(&v, p + gi * W, 8);
+      emit(8 * gi, v);
+    }
+    for (; gi < d / 8; ++gi) emit(8 * gi, group_bytes<W>(p + gi * W));
+  }
+#endif
+}
+
+/// res[h] = q_h . x for NH heads (q_h = q + h d; d a multiple of the vector width): two accumulators per
+/// head, so 2 NH independent FMA chains hide the FMA latency.
+template <int NH>
+inline void dot_heads(const float* __restrict q, int d, const float* __restrict x, float* __restrict res) noexcept {
+  using F = simd::VecF;
+  F a0[NH], a1[NH];
+  for (int h = 0; h < NH; ++h) a0[h] = a1[h] = F::zero();
+  int c = 0;
+  for (; c + 2 * F::N <= d; c += 2 * F::N) {
+    const F x0 = F::load(x + c), x1 = F::load(x + c + F::N);
+    for (int h = 0; h < NH; ++h) {
+      a0[h] = simd::fma(F::load(q + std::size_t(h) * d + c), x0, a0[h]);
+      a1[h] = simd::fma(F::load(q + std::size_t(h) * d + c + F::N), x1, a1[h]);
+    }
+  }
+  if (c < d) {
+    const F x0 = F::load(x + c);
+    for (int h = 0; h < NH; ++h) a0[h] = simd::fma(F::load(q + std::size_t(h) * d + c), x0, a0[h]);
+  }
+  for (int h = 0; h < NH; ++h) res[h] = simd::reduce_add(a0[h] + a1[h]);
+}
+
+/// o[0, d) += sum_k w[k] x_k[0, d) over NR rows x_k = x + k d: each output vector loaded and stored once per
+/// NR rows.
+template <int NR>
+inline void axpy_rows(const float* __restrict w, const float* __restrict x, int d, float* __restrict o) noexcept {
+  using F = simd::VecF;
+  F wv[NR];
+  for (int k = 0; k < NR; ++k) wv[k] = F::set1(w[k]);
+  for (int c = 0; c < d; c += F::N) {
+    F acc = F::load(o + c);
+    for (int k = 0; k < NR; ++k) acc = simd::fma(wv[k], F::load(x + std::size_t(k) * d + c), acc);
+    acc.store(o + c);
+  }
+}
+
+/// f.template operator()<K>() for the run-time k in [1, 4].
+template <class Fn>
+inline void with_count(int k, Fn&& f) {
+  switch (k) {
+    case 1: f.template operator()<1>(); break;
+    case 2: f.template operator()<2>(); break;
+    case 3: f.template operator()<3>(); break;
+    default: f.template operator()<4>(); break;
+  }
+}
+
+using Stream = kvc::detail::QaqStream;
+
+inline float to_float(half_t x) noexcept {
+#if KVC_ISA_LEVEL_ == 0
+  return x.to_float();
+#else
+  return _cvtsh_ss(x.bits);
+#endif
+}
+
+/// What both passes need of one width-W record beyond its codes (already unpacked into `codes`): its
+/// affine and, per outlier, the channel and the correction x_c - x^_c (x^_c as Q::decode computes it).
+template <class R, int W>
+struct Prepared {
+  static constexpr int kMaxOut = R::quantizer::outliers(R::quantizer::kMaxHeadDim);
+  Affine a;
+  float corr[kMaxOut > 0 ? kMaxOut : 1];
+  const std::uint8_t* idx;
+  Prepared() = default;
+  Prepared(const std::byte* r, int d, int nout, const float* codes) noexcept {
+    const QuantMeta m = R::meta(r);
+    a = R::quantizer::affine(to_float(m.lo), to_float(m.step), W);
+    const half_t* ov = R::outlier_values(r, d, W);
+    idx = R::outlier_channels(r, d, W);
+    for (int j = 0; j < nout; ++j) corr[j] = to_float(ov[j]) - mul_add_rounded(a.scale, codes[idx[j]], a.zero);
+  }
+};
+
+/// Scores of the n records of one width-W bucket (records of `rb` bytes; token(r, i) names record i's token).
+template <class R, int W, class Token>
+void bucket_scores(const std::byte* bk, std::size_t n, std::size_t rb, Token&& token, const Stream& st) noexcept {
+  const int d = st.d, g = st.g, nout = R::quantizer::outliers(d);
+  float dots[4];
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::byte* r = bk + i * rb;
+    unpack<W>(R::codes(r), d, rb - 4, st.codes);
+    const Prepared<R, W> k(r, d, nout, st.codes);
+    const std::size_t t = token(r, i);
+    for (int h0 = 0; h0 < g; h0 += 4) {
+      const int nh = std::min(4, g - h0);
+      with_count(nh, [&]<int NH>() { dot_heads<NH>(st.q + std::size_t(h0) * d, d, st.codes, dots); });
+      for (int h = h0; h < h0 + nh; ++h) {
+        const float* qh = st.q + std::size_t(h) * d;
+        float score = k.a.zero * st.qsum[h] + k.a.scale * dots[h - h0];
+        for (int j = 0; j < nout; ++j) score += qh[k.idx[j]] * k.corr[j];
+        st.s[std::size_t(h) * st.T + t] = score;
+      }
+    }
+  }
+}
+
+/// Probability-weighted values of the n records of one width-W bucket, up to 4 records at a time (their
+/// codes unpacked side by side into st.codes, 4 d floats).
+template <class R, int W, class Token>
+void bucket_values(const std::byte* bk, std::size_t n, std::size_t rb, Token&& token, const Stream& st) noexcept {
+  const int d = st.d, g = st.g, nout = R::quantizer::outliers(d);
+  for (std::size_t i = 0; i < n; i += 4) {
+    const int nr = int(std::min<std::size_t>(4, n - i));
+    Prepared<R, W> v[4];
+    std::size_t t[4];
+    for (int k = 0; k < nr; ++k) {
+      const std::byte* r = bk + (i + std::size_t(k)) * rb;
+      float* codes = st.codes + std::size_t(k) * d;
+      unpack<W>(R::codes(r), d, rb - 4, codes);
+      v[k] = Prepared<R, W>(r, d, nout, codes);
+      t[k] = token(r, i + std::size_t(k));
+    }
+    for (int h = 0; h < g; ++h) {
+      float w[4], ws[4];
+      float* oh = st.o + std::size_t(h) * d;
+      for (int k = 0; k < nr; ++k) {
+        w[k] = st.s[std::size_t(h) * st.T + t[k]];
+        ws[k] = w[k] * v[k].a.scale;
+        st.zsum[h] += w[k] * v[k].a.zero;
+      }
+      with_count(nr, [&]<int NR>() { axpy_rows<NR>(ws, st.codes, d, oh); });
+      for (int k = 0; k < nr; ++k)
+        for (int j = 0; j < nout; ++j) oh[v[k].idx[j]] += w[k] * v[k].corr[j];
+    }
+  }
+}
+
+/// Softmax of each query head's T scores (log2 domain) in place; pr[t] (if given) = the group's largest
+/// probability of token t. Returns false if a max or a sum is not finite.
+inline bool softmax(const Stream& st, float* pr) noexcept {
+  using F = simd::VecF;
+  const int T = st.T, tv = T / F::N * F::N;
+  bool ok = true;
+  for (int h = 0; h < st.g; ++h) {
+    float* ph = st.s + std::size_t(h) * T;
+    F mv = F::set1(-std::numeric_limits<float>::infinity());
+    for (int t = 0; t < tv; t += F::N) mv = simd::max(mv, F::load(ph + t));
+    float mx = simd::reduce_max(mv);
+    for (int t = tv; t < T; ++t) mx = std::max(mx, ph[t]);
+    const F m = F::set1(mx);
+    F sv = F::zero();
+    for (int t = 0; t < tv; t += F::N) {
+      const F e = simd::exp2(F::load(ph + t) - m);
+      e.store(ph + t);
+      sv = sv + e;
+    }
+    float sum = simd::reduce_add(sv);
+    for (int t = tv; t < T; ++t) sum += (ph[t] = simd::exp2_scalar(ph[t] - mx));
+    if (!std::isfinite(mx) || !std::isfinite(sum)) ok = false;
+    const F inv = F::set1(1.0f / sum);
+    for (int t = 0; t < tv; t += F::N) (F::load(ph + t) * inv).store(ph + t);
+    for (int t = tv; t < T; ++t) ph[t] *= 1.0f / sum;
+    if (pr) {
+      if (h == 0) std::copy_n(ph, T, pr);
+      else {
+        for (int t = 0; t < tv; t += F::N) simd::max(F::load(pr + t), F::load(ph + t)).store(pr + t);
+        for (int t = tv; t < T; ++t) pr[t] = std::max(pr[t], ph[t]);
+      }
+    }
+  }
+  return ok;
+}
+
+/// Runs f.template operator()<W>() with W the run-time width b in [BMin, BMax].
+template <int BMin, int BMax, class F>
+void with_width(int b, F&& f) {
+  if constexpr (BMin <= BMax) {
+    if (b == BMin) f.template operator()<BMin>();
+    else with_width<BMin + 1, BMax>(b, f);
+  }
+}
+
+/// Attention of one stream of a QAQ cache: ks/vs its key/value sides. Returns false on float overflow.
+template <class Cache>
+bool run_stream(const Cache& cache, const typename Cache::Side& ks, const typename Cache::Side& vs, const Stream& st,
+                float* pr) noexcept {
+  using R = typename Cache::record;
+  using Q = typename Cache::quantizer;
+  const int d = st.d, ids = cache.id_bytes();
+  auto token = [&](const std::byte* r, std::size_t i, int b) -> std::size_t {
+    if constexpr (Cache::kAdaptive) return R::token(r, d, b, ids);
+    else return (void)r, (void)b, i;
+  };
+  for (int b = Q::kMinBits; b <= Q::kMaxBits; ++b) {
+    const auto& bk = ks.bucket[std::size_t(b - Q::kMinBits)];
+    const std::size_t rb = R::bytes(d, b, ids);
+    if (bk.empty()) continue;
+    with_width<Q::kMinBits, Q::kMaxBits>(b, [&]<int W>() {
+      bucket_scores<R, W>(bk.data(), bk.size() / rb, rb, [&](const std::byte* r, std::size_t i) { return token(r, i, W); }, st);
+    });
+  }
+  const bool ok = softmax(st, pr);
+  std::fill_n(st.o, std::size_t(st.g) * d, 0.0f);
+  std::fill_n(st.zsum, st.g, 0.0f);
+  for (int b = Q::kMinBits; b <= Q::kMaxBits; ++b) {
+    const auto& bk = vs.bucket[std::size_t(b - Q::kMinBits)];
+    const std::size_t rb = R::bytes(d, b, ids);
+    if (bk.empty()) continue;
+    with_width<Q::kMinBits, Q::kMaxBits>(b, [&]<int W>() {
+      bucket_values<R, W>(bk.data(), bk.size() / rb, rb, [&](const std::byte* r, std::size_t i) { return token(r, i, W); }, st);
+    });
+  }
+  for (int h = 0; h < st.g; ++h)
+    for (int c = 0; c < d; ++c) st.o[std::size_t(h) * d + c] += st.zsum[h];
+  return ok;
+}
+}  // namespace kvc::detail::KVC_ISA_NS::qaq_kernel
