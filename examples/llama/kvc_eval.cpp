@@ -35,6 +35,7 @@
 //   layer_rel_err[l]  ||attn_l - exact attn_l|| / ||exact attn_l|| over all positions, where the exact
 //              attention reads an fp32 copy of the SAME run's K/V (the cache's own error in layer l)
 //   bits_per_element  the cache's stored bits per K/V element after the run (everything counted)
+//   key_widths, value_widths  (JSON, QAQ schemes only) tokens per code width 0..8 over all layers
 // Exit status: 0, or 1 when a --max-delta-ppl / --max-kl / --expect-worse check fails, 2 on bad
 // usage or input. (KL is the steadier regression guard: ΔPPL over a few hundred tokens moves by
 // several 1e-2 for perturbations whose KL is ~2e-4, in either direction.)
@@ -222,6 +223,7 @@ struct Result {
   double bits = 0, ppl = 0, delta_ppl = 0, kl = 0, top1 = 0, seconds = 0;
   std::size_t stored_bytes = 0;
   std::vector<double> layer_rel_err;
+  std::vector<std::size_t> key_widths, value_widths;  ///< QAQ: tokens per code width 0..8 (all layers)
 };
 
 /// Compares a run's next-token distributions with the reference run's, chunk by chunk (the logits of
@@ -327,7 +329,14 @@ void write_json(const std::string& path, const Options& o, int T, const std::vec
       << ", \"delta_ppl\": " << num(r.delta_ppl) << ", \"kl\": " << num(r.kl) << ", \"top1\": " << num(r.top1)
       << ", \"seconds\": " << num(r.seconds) << ", \"layer_rel_err\": [";
     for (std::size_t l = 0; l < r.layer_rel_err.size(); ++l) f << (l ? ", " : "") << num(r.layer_rel_err[l]);
-    f << "]}";
+    f << "]";
+    for (const auto& [key, w] : {std::pair{"key_widths", &r.key_widths}, std::pair{"value_widths", &r.value_widths}}) {
+      if (w->empty()) continue;
+      f << ", \"" << key << "\": [";
+      for (std::size_t b = 0; b < w->size(); ++b) f << (b ? ", " : "") << (*w)[b];
+      f << "]";
+    }
+    f << "}";
   }
   f << "\n  ]\n}\n";
   KVC_CHECK(f.good(), kvc::Errc::kIo, "writing '", path, "' failed");
@@ -433,6 +442,8 @@ int run(const Options& o) {
     r.name = name;
     r.bits = run.bits_per_element;
     r.stored_bytes = run.stored_bytes;
+    r.key_widths = run.key_widths;
+    r.value_widths = run.value_widths;
     for (std::size_t l = 0; l < run.layer_err2.size(); ++l)
       r.layer_rel_err.push_back(run.layer_ref2[l] > 0 ? std::sqrt(run.layer_err2[l] / run.layer_ref2[l]) : 0.0);
     score(model, tokens, run.hidden, results.empty() ? nullptr : &ref_hidden, r);

@@ -22,6 +22,9 @@ struct SchemeRun {
   std::size_t stored_bytes = 0;     ///< of the whole cache after the run
   std::vector<double> layer_err2;   ///< per layer: sum over positions of |attn - exact attn|^2
   std::vector<double> layer_ref2;   ///< per layer: sum over positions of |exact attn|^2
+  /// Adaptive-width caches (QAQ): tokens per code width 0..8 over every layer after the run, keys and
+  /// values (empty for the other schemes).
+  std::vector<std::size_t> key_widths, value_widths;
 };
 
 /// Hooks of a run: `observe` sees each layer's trace (e.g. to dump K/V), `progress` each finished layer;
@@ -81,6 +84,14 @@ SchemeRun run_with(const LlamaModel& model, const std::vector<std::int32_t>& tok
   r.hidden = model.forward(tokens, cache, fo);
   r.bits_per_element = cache.bits_per_element();
   r.stored_bytes = cache.stored_bytes();
+  if constexpr (requires { cache.cache().width_counts(0, 0); }) {
+    r.key_widths.assign(9, 0);
+    r.value_widths.assign(9, 0);
+    for (int l = 0; l < c.layers; ++l) {
+      const auto kw = cache.cache().width_counts(l, 0), vw = cache.cache().width_counts(l, 1);
+      for (std::size_t b = 0; b < 9; ++b) r.key_widths[b] += kw[b], r.value_widths[b] += vw[b];
+    }
+  }
   return r;
 }
 

@@ -139,27 +139,9 @@ class FlushDenormals {
 #endif
 
 #define KVC_ATTENTION_INTERNAL
-#define KVC_ISA_LEVEL_ 0
-#define KVC_ISA_NS isa_portable
-#include <kvc/attention/detail/decode_kernel.hpp>
-#undef KVC_ISA_NS
-#undef KVC_ISA_LEVEL_
-#if KVC_HAS_ISA_DISPATCH()
-KVC_TARGET_BEGIN_AVX2_
-#  define KVC_ISA_LEVEL_ 1
-#  define KVC_ISA_NS isa_avx2
-#  include <kvc/attention/detail/decode_kernel.hpp>
-#  undef KVC_ISA_NS
-#  undef KVC_ISA_LEVEL_
-KVC_TARGET_END_
-KVC_TARGET_BEGIN_AVX512_
-#  define KVC_ISA_LEVEL_ 2
-#  define KVC_ISA_NS isa_avx512
-#  include <kvc/attention/detail/decode_kernel.hpp>
-#  undef KVC_ISA_NS
-#  undef KVC_ISA_LEVEL_
-KVC_TARGET_END_
-#endif
+#define KVC_PER_ISA_HEADER <kvc/attention/detail/decode_kernel.hpp>
+#include <kvc/attention/detail/per_isa.hpp>
+#undef KVC_PER_ISA_HEADER
 #undef KVC_ATTENTION_INTERNAL
 
 namespace kvc {

@@ -46,27 +46,9 @@ struct QaqStream {
 
 KVC_SUPPRESS_INTRINSIC_WARNINGS_BEGIN
 #define KVC_ATTENTION_INTERNAL
-#define KVC_ISA_LEVEL_ 0
-#define KVC_ISA_NS isa_portable
-#include <kvc/qaq/detail/attention_kernel.hpp>
-#undef KVC_ISA_NS
-#undef KVC_ISA_LEVEL_
-#if KVC_HAS_ISA_DISPATCH()
-KVC_TARGET_BEGIN_AVX2_
-#  define KVC_ISA_LEVEL_ 1
-#  define KVC_ISA_NS isa_avx2
-#  include <kvc/qaq/detail/attention_kernel.hpp>
-#  undef KVC_ISA_NS
-#  undef KVC_ISA_LEVEL_
-KVC_TARGET_END_
-KVC_TARGET_BEGIN_AVX512_
-#  define KVC_ISA_LEVEL_ 2
-#  define KVC_ISA_NS isa_avx512
-#  include <kvc/qaq/detail/attention_kernel.hpp>
-#  undef KVC_ISA_NS
-#  undef KVC_ISA_LEVEL_
-KVC_TARGET_END_
-#endif
+#define KVC_PER_ISA_HEADER <kvc/qaq/detail/attention_kernel.hpp>
+#include <kvc/attention/detail/per_isa.hpp>
+#undef KVC_PER_ISA_HEADER
 #undef KVC_ATTENTION_INTERNAL
 KVC_SUPPRESS_INTRINSIC_WARNINGS_END
 

@@ -261,29 +261,30 @@ bool run_stream(const Cache& cache, const typename Cache::Side& ks, const typena
   using R = typename Cache::record;
   using Q = typename Cache::quantizer;
   const int d = st.d, ids = cache.id_bytes();
-  auto token = [&](const std::byte* r, std::size_t i, int b) -> std::size_t {
-    if constexpr (Cache::kAdaptive) return R::token(r, d, b, ids);
-    else return (void)r, (void)b, i;
+  // Calls pass.template operator()<W>(records, count, record bytes, token) for every width-W bucket of `side`.
+  auto each_bucket = [&](const typename Cache::Side& side, auto&& pass) {
+    for (int b = Q::kMinBits; b <= Q::kMaxBits; ++b) {
+      const auto& bk = side.bucket[std::size_t(b - Q::kMinBits)];
+      const std::size_t rb = R::bytes(d, b, ids);
+      if (bk.empty()) continue;
+      with_width<Q::kMinBits, Q::kMaxBits>(b, [&]<int W>() {
+        auto token = [&](const std::byte* r, std::size_t i) -> std::size_t {
+          if constexpr (Cache::kAdaptive) return (void)i, R::token(r, d, W, ids);
+          else return (void)r, i;
+        };
+        pass.template operator()<W>(bk.data(), bk.size() / rb, rb, token);
+      });
+    }
   };
-  for (int b = Q::kMinBits; b <= Q::kMaxBits; ++b) {
-    const auto& bk = ks.bucket[std::size_t(b - Q::kMinBits)];
-    const std::size_t rb = R::bytes(d, b, ids);
-    if (bk.empty()) continue;
-    with_width<Q::kMinBits, Q::kMaxBits>(b, [&]<int W>() {
-      bucket_scores<R, W>(bk.data(), bk.size() / rb, rb, [&](const std::byte* r, std::size_t i) { return token(r, i, W); }, st);
-    });
-  }
+  each_bucket(ks, [&]<int W>(const std::byte* bk, std::size_t n, std::size_t rb, auto&& token) {
+    bucket_scores<R, W>(bk, n, rb, token, st);
+  });
   const bool ok = softmax(st, pr);
   std::fill_n(st.o, std::size_t(st.g) * d, 0.0f);
   std::fill_n(st.zsum, st.g, 0.0f);
-  for (int b = Q::kMinBits; b <= Q::kMaxBits; ++b) {
-    const auto& bk = vs.bucket[std::size_t(b - Q::kMinBits)];
-    const std::size_t rb = R::bytes(d, b, ids);
-    if (bk.empty()) continue;
-    with_width<Q::kMinBits, Q::kMaxBits>(b, [&]<int W>() {
-      bucket_values<R, W>(bk.data(), bk.size() / rb, rb, [&](const std::byte* r, std::size_t i) { return token(r, i, W); }, st);
-    });
-  }
+  each_bucket(vs, [&]<int W>(const std::byte* bk, std::size_t n, std::size_t rb, auto&& token) {
+    bucket_values<R, W>(bk, n, rb, token, st);
+  });
   for (int h = 0; h < st.g; ++h)
     for (int c = 0; c < d; ++c) st.o[std::size_t(h) * d + c] += st.zsum[h];
   return ok;
