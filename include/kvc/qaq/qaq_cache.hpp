@@ -173,19 +173,19 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       const std::size_t st = stream(layer, s, h);
       const float* p = probs.row(s, h);
       for (int t = 0; t < T; ++t) hist_[st][std::size_t(t)].push(p[t]);
-      const qaq::StepWidths<typename quantizer::bounds> rule(T, targets_.key_sigma_s, double(calib_.at(layer, h)),
+      const qaq::StepWidths<Bounds> rule(T, targets_.key_sigma_s, double(calib_.at(layer, h)),
                                                              targets_.value_sigma_x, quantizer::widths());
       rebucket(st, true, rule);
       rebucket(st, false, rule);
     }
   }
 
-  /// The width the rule gives token t of a stream at length T (keys: `key`; qnorm2 from the calibration).
-  [[nodiscard]] int width(const history& hist, QuantMeta m, int T, bool key, double qnorm2) const {
-    if (!hist.full()) return BMax;  // fewer than n observations
+  /// The width `rule` (this stream's at this step) gives a token with history `hist` and metadata m (keys:
+  /// `key`): B_max until the history holds n observations (SPEC §2.4 [code]).
+  [[nodiscard]] static int width(const history& hist, QuantMeta m, const qaq::StepWidths<Bounds>& rule, bool key) noexcept {
+    if (!hist.full()) return BMax;
     const double range = quantizer::range_bound(m);
-    return key ? qaq::key_width<Bounds>(range, T, targets_.key_sigma_s, qnorm2, quantizer::widths())
-               : qaq::value_width<Bounds>(range, T, targets_.value_sigma_x, double(hist.s_hat()), quantizer::widths());
+    return key ? rule.key(range) : rule.value(range, hist.s_hat_code());
   }
 
   /// Forgets sequence `seq` in every layer.
@@ -303,7 +303,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   /// bucket is compacted over the records that stay, the movers (lowered by a shift, or raised from the
   /// mirror) are staged and appended to their new buckets afterwards. Reads every record's metadata and
   /// token; writes only the records that move (and the compaction).
-  void rebucket(std::size_t st, bool key, const qaq::StepWidths<typename quantizer::bounds>& rule) {
+  void rebucket(std::size_t st, bool key, const qaq::StepWidths<Bounds>& rule) {
     const int d = cfg_.head_dim;
     Side& sd = key ? keys_[st] : values_[st];
     const std::vector<half_t>& mirror = key ? mirror_k_[st] : mirror_v_[st];
@@ -316,9 +316,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       for (std::size_t o = 0; o < bk.size(); o += rb) {
         const std::byte* r = bk.data() + o;
         const std::uint32_t t = record::token(r, d, b, id_bytes_);
-        const history& ht = hist[t];
-        const double range = quantizer::range_bound(record::meta(r));
-        const int nb = !ht.full() ? BMax : key ? rule.key(range) : rule.value(range, ht.s_hat_code());
+        const int nb = width(hist[t], record::meta(r), rule, key);
         if (nb == b) {
           if (keep != o) std::memmove(bk.data() + keep, r, rb);
           keep += rb;

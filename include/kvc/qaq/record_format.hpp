@@ -47,14 +47,21 @@ struct RecordFormat {
   }
   /// Width-b code of channel c.
   KVC_HOST_DEVICE static int code_at(const std::byte* r, int c, int b) noexcept { return dense_code_at(codes(r), c, b); }
+  /// The 8 width-W codes of one group (the W bytes at p) as one little-endian word, assembled byte by byte
+  /// (reads exactly W bytes; in registers, no narrow copy through memory).
+  template <int W>
+  KVC_HOST_DEVICE static std::uint64_t group_word(const std::uint8_t* p) noexcept {
+    std::uint64_t v = 0;
+    for (int j = 0; j < W; ++j) v |= std::uint64_t(p[j]) << (8 * j);
+    return v;
+  }
   /// All d width-W codes as floats (W the record's width, d % 8 == 0): 8 codes fill exactly W bytes.
   template <int W>
   KVC_HOST_DEVICE static void unpack(const std::byte* r, int d, float* out) noexcept {
     const std::uint8_t* p = codes(r);
     constexpr std::uint64_t mask = (std::uint64_t(1) << W) - 1u;
     for (int c0 = 0; c0 < d; c0 += 8, p += W) {
-      std::uint64_t v = 0;
-      for (int j = 0; j < W; ++j) v |= std::uint64_t(p[j]) << (8 * j);
+      const std::uint64_t v = group_word<W>(p);
       for (int i = 0; i < 8; ++i) out[c0 + i] = float((v >> (i * W)) & mask);
     }
   }
@@ -70,28 +77,6 @@ struct RecordFormat {
       case 7: unpack<7>(r, d, out); break;
       default: unpack<8>(r, d, out); break;
     }
-  }
-  /// What attention needs of one record: its codes unpacked to floats (into the caller's d floats), the
-  /// affine of its width, and its outliers with their corrections x_c - x^_c.
-  struct Loaded {
-    QuantMeta meta;
-    Affine affine;
-    int width;
-    const half_t* out_val;
-    const std::uint8_t* out_idx;
-    const float* codes;
-    KVC_HOST_DEVICE float correction(int j) const noexcept {
-      return out_val[j].to_float() - Q::decode(meta, width, static_cast<std::uint8_t>(codes[out_idx[j]]));
-    }
-  };
-  /// A record whose codes the caller has unpacked into `codes` (d floats).
-  KVC_HOST_DEVICE static Loaded view(const std::byte* r, int d, int b, const float* codes) noexcept {
-    const QuantMeta m = meta(r);
-    return {m, Q::affine(m, b), b, outlier_values(r, d, b), outlier_channels(r, d, b), codes};
-  }
-  KVC_HOST_DEVICE static Loaded load(const std::byte* r, int d, int b, float* codes_out) noexcept {
-    unpack(r, d, b, codes_out);
-    return view(r, d, b, codes_out);
   }
   /// Writes a record at width b from one-byte-per-channel codes at width `from` >= b (narrowed by shifting:
   /// Q's codes nest), the metadata and the outliers.

@@ -33,27 +33,17 @@ struct UnpackTables {
 };
 #endif
 
-/// The 8 width-W codes of one group (W bytes at p) as a 64-bit word, built in registers (a narrow memcpy
-/// through the stack would stall store-to-load forwarding on the wide load that follows).
-template <int W>
-inline std::uint64_t group_bytes(const std::uint8_t* p) noexcept {
-  std::uint64_t v = 0;
-  for (int j = 0; j < W; ++j) v |= std::uint64_t(p[j]) << (8 * j);
-  return v;
-}
-
-/// The d (multiple of 8) dense LSB-first width-W codes at p as floats. `readable`: bytes that may be read
-/// from p (the record's codes and what follows them); groups with 8 readable bytes load one 64-bit word.
-template <int W>
-inline void unpack(const std::uint8_t* __restrict p, int d, std::size_t readable, float* __restrict out) noexcept {
+/// The d (multiple of 8) width-W codes of record r as floats. `readable`: bytes that may be read from the
+/// record's codes on (the codes and what follows them in the record); the SIMD paths load groups with 8
+/// readable bytes as one 64-bit word (R::group_word assembles the others: a narrow copy through memory
+/// would stall store-to-load forwarding on the wide load that follows).
+template <class R, int W>
+inline void unpack(const std::byte* r, int d, std::size_t readable, float* __restrict out) noexcept {
 #if KVC_ISA_LEVEL_ == 0
   (void)readable;
-  constexpr std::uint64_t mask = (std::uint64_t(1) << W) - 1u;
-  for (int c0 = 0; c0 < d; c0 += 8, p += W) {
-    const std::uint64_t v = group_bytes<W>(p);
-    for (int i = 0; i < 8; ++i) out[c0 + i] = float((v >> (i * W)) & mask);
-  }
+  R::template unpack<W>(r, d, out);
 #else
+  const std::uint8_t* p = R::codes(r);
   if constexpr (W == 8) {
     (void)readable;
     for (int c0 = 0; c0 < d; c0 += 8)
@@ -75,7 +65,7 @@ inline void unpack(const std::uint8_t* __restrict p, int d, std::size_t readable
       std::memcpy(&v, p + gi * W, 8);
       emit(8 * gi, v);
     }
-    for (; gi < d / 8; ++gi) emit(8 * gi, group_bytes<W>(p + gi * W));
+    for (; gi < d / 8; ++gi) emit(8 * gi, R::template group_word<W>(p + gi * W));
   }
 #endif
 }
@@ -162,7 +152,7 @@ void bucket_scores(const std::byte* bk, std::size_t n, std::size_t rb, Token&& t
   float dots[4];
   for (std::size_t i = 0; i < n; ++i) {
     const std::byte* r = bk + i * rb;
-    unpack<W>(R::codes(r), d, rb - 4, st.codes);
+    unpack<R, W>(r, d, rb - 4, st.codes);
     const Prepared<R, W> k(r, d, nout, st.codes);
     const std::size_t t = token(r, i);
     for (int h0 = 0; h0 < g; h0 += 4) {
@@ -190,7 +180,7 @@ void bucket_values(const std::byte* bk, std::size_t n, std::size_t rb, Token&& t
     for (int k = 0; k < nr; ++k) {
       const std::byte* r = bk + (i + std::size_t(k)) * rb;
       float* codes = st.codes + std::size_t(k) * d;
-      unpack<W>(R::codes(r), d, rb - 4, codes);
+      unpack<R, W>(r, d, rb - 4, codes);
       v[k] = Prepared<R, W>(r, d, nout, codes);
       t[k] = token(r, i + std::size_t(k));
     }
