@@ -1,6 +1,7 @@
 // QAQ (SPEC §2): the width rule against hand-computed cases and its guards, the attention history, the
 // per-token codec (outliers, exact width nesting, restore from the original), and the calibration file.
 #include <kvc/attention/reference.hpp>
+#include <kvc/qaq/arena.hpp>
 #include <kvc/qaq/bit_width.hpp>
 #include <kvc/qaq/decode_attention.hpp>
 #include <kvc/qaq/qaq_cache.hpp>
@@ -15,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -268,6 +270,22 @@ TEST(QaqQuantizer, RequantizingTheOriginalRestoresEveryWidthExactly) {
     EXPECT_EQ(low, Q::narrow(b.codes[std::size_t(i)], 2));
     EXPECT_EQ(Q::narrow(b.codes[std::size_t(i)], 5), a.codes[std::size_t(i)] >> 1);
   }
+}
+
+// The device kernels fill the rule in parallel (set_scalars, then value_denom_at per code): the same rule.
+TEST(QaqWidth, ParallelFillEqualsTheConstructor) {
+  for (int T : {1, 2, 77, 1 << 16})
+    for (double qn2 : {0.0, 2.5}) {
+      const kvc::qaq::StepWidths<> want(T, 1e-3, qn2, 2e-2, {2, 7});
+      kvc::qaq::StepWidths<> got;
+      got.set_scalars(T, 1e-3, qn2, {2, 7});
+      for (int c = 0; c < 255; ++c) got.value_denom[c] = T > 1 ? kvc::qaq::StepWidths<>::value_denom_at(T, 2e-2, c) : 1.0;
+      EXPECT_EQ(got.T, want.T);
+      EXPECT_EQ(got.key_min, want.key_min);
+      EXPECT_EQ(got.key_denom, want.key_denom);
+      if (T <= 1) continue;  // the rule ignores value_denom then
+      for (int c = 0; c < 256; ++c) ASSERT_EQ(got.value_denom[c], want.value_denom[c]) << T << " " << c;
+    }
 }
 
 TEST(QaqRecord, PackedCodesReadBackAtEveryWidth) {
@@ -606,6 +624,46 @@ TEST(QaqCache, LoweringShiftsAndRaisingRestoresFromTheMirror) {
   EXPECT_GE(first, last);
 }
 
+// The device arena (qaq/arena.hpp) is the host buckets back to back: bucket offsets and the record numbering
+// that the device kernels use find every host record, in bucket order.
+TEST(QaqArena, AddressesEveryRecordOfTheHostBuckets) {
+  const int d = 64, H = 1;
+  Qaq c({1, 1, H, d, 256}, {3e-2, 1e-1}, unit_calibration(1, H, d));
+  const auto x = kvc_test::random_kv(200, H, d, 9);
+  c.append(0, 0, x.kview(0, 200), x.vview(0, 200));
+  kvc::qaq::TokenProbs probs;
+  for (int step = 0; step < 6; ++step) {  // move widths: a spread of probabilities
+    probs.resize(1, H, 200);
+    for (int t = 0; t < 200; ++t) probs.row(0, 0)[t] = std::exp2(-float(t % 23));
+    c.update_widths(0, probs);
+  }
+  using A = kvc::qaq::Arena<Qaq::quantizer>;
+  for (int side = 0; side < 2; ++side) {
+    const auto& sd = side == 0 ? c.keys(0, 0, 0) : c.values(0, 0, 0);
+    std::vector<std::byte> arena;
+    std::uint32_t n[A::kWidths];
+    int used = 0;
+    for (int w = 0; w < A::kWidths; ++w) {
+      const auto& bk = sd.bucket[std::size_t(w)];
+      ASSERT_EQ(A::bucket_offset(n, w + 1, d, c.id_bytes()), arena.size()) << "side " << side << " width " << w + 1;
+      arena.insert(arena.end(), bk.begin(), bk.end());
+      n[w] = std::uint32_t(c.records(sd, w + 1));
+      used += n[w] > 0;
+    }
+    EXPECT_GE(used, 3) << "side " << side;
+    EXPECT_GE(A::bytes(d, 256, c.id_bytes()), arena.size());
+    EXPECT_EQ(A::bytes(d, 256, c.id_bytes()) % 16, 0u);
+    std::uint32_t i = 0;
+    c.for_each_record(sd, [&](const std::byte* r, int b, std::uint32_t t) {
+      const auto sl = A::slot(n, i++, d, c.id_bytes());
+      ASSERT_EQ(sl.width, b);
+      ASSERT_EQ(std::memcmp(arena.data() + sl.offset, r, Qaq::record::bytes(d, b, c.id_bytes())), 0);
+      ASSERT_EQ(Qaq::record::token(arena.data() + sl.offset, d, b, c.id_bytes()), t);
+    });
+    EXPECT_EQ(i, 200u);
+  }
+}
+
 TEST(QaqCache, AccountingCountsRecordsHistoriesAndTheMirrorApart) {
   const int d = 64, H = 2, T = 10;
   const kvc_test::KV x = kvc_test::random_kv(T, H, d, 9);
@@ -671,6 +729,9 @@ TEST(QaqCache, BadInputIsRejectedAndLeavesTheCacheUnchanged) {
                                    kvc::OutputView::contiguous(out.data(), 1, H, d), {}, probs);
             }),
             kvc::Errc::kInvalidArgument);  // one of two sequences
+  unchanged();
+  EXPECT_EQ(error_of([&] { c.clear(2); }), kvc::Errc::kInvalidArgument);  // the cache has two sequences
+  EXPECT_EQ(error_of([&] { c.clear(-1); }), kvc::Errc::kInvalidArgument);
   unchanged();
 }
 }  // namespace

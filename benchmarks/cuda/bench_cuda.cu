@@ -2,6 +2,9 @@
 //   BM_CudaDecodeAttention/<scheme>/T:<tokens>/B:<batch>/G:<gqa>  fused decode attention, 8 KV heads,
 //       head dim 128, fp16 queries; bytes_per_second = the bytes one decode step reads (the cache's own
 //       decode_read_bytes: codes, scales, zeros, corrections, fp16 window) per second of kernel time
+//   BM_CudaDecodeAttention/qaq/T:<tokens>/B:<batch>/G:4  QAQ's mixed-bit attention (with the per-token
+//       probabilities handed back) at ~3 average code bits per side; BM_CudaQaqUpdateWidths/...: the width
+//       update of one step; bytes_per_second = the compressed cache's stored bytes per second
 //   BM_CudaCopy/bytes:<n>  cudaMemcpyAsync device to device: bytes_per_second = n read + n written per
 //       second (the bandwidth limit; read_per_second is half of it)
 // Timing: CUDA events around each call (UseManualTime). Which GPU: printed at start.
@@ -40,6 +43,29 @@ struct EventTimer {
   }
 };
 
+/// The fill data of every row: kChunk tokens of N(0, 1) keys (one outlier channel) and values.
+void fill_chunk(std::vector<float>& k, std::vector<float>& v) {
+  std::mt19937_64 rng(1);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  k.resize(std::size_t(kChunk) * kKvHeads * kHeadDim);
+  v.resize(k.size());
+  for (std::size_t i = 0; i < k.size(); ++i) {
+    k[i] = n01(rng) * (1.0f + float(i % kHeadDim == 7) * 8.0f);  // one outlier channel
+    v[i] = n01(rng);
+  }
+}
+
+/// A device fp16 N(0, 1) query of n elements.
+kvc::cuda::DeviceBuffer<kvc::half_t> device_query(std::size_t n) {
+  std::vector<kvc::half_t> q(n);
+  std::mt19937_64 rng(2);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  for (auto& x : q) x = kvc::half_t::from_float(n01(rng));
+  kvc::cuda::DeviceBuffer<kvc::half_t> dq(n);
+  kvc::cuda::check(cudaMemcpy(dq.data(), q.data(), n * 2, cudaMemcpyHostToDevice), "query");
+  return dq;
+}
+
 /// A device cache of `batch` sequences of T tokens, filled on the device from random chunks (built once
 /// per shape and scheme, kept while consecutive rows use it).
 template <class Host>
@@ -51,13 +77,8 @@ struct Filled {
     if (!cache || key_t != T || key_b != batch) {
       cache.reset();
       cache = std::make_unique<Dev>(kvc::CacheConfig{1, batch, kKvHeads, kHeadDim, T});
-      std::mt19937_64 rng(1);
-      std::normal_distribution<float> n01(0.0f, 1.0f);
-      std::vector<float> k(std::size_t(kChunk) * kKvHeads * kHeadDim), v(k.size());
-      for (std::size_t i = 0; i < k.size(); ++i) {
-        k[i] = n01(rng) * (1.0f + float(i % kHeadDim == 7) * 8.0f);  // one outlier channel
-        v[i] = n01(rng);
-      }
+      std::vector<float> k, v;
+      fill_chunk(k, v);
       kvc::cuda::DeviceBuffer<float> dk(k.size()), dv(v.size());
       kvc::cuda::check(cudaMemcpy(dk.data(), k.data(), k.size() * 4, cudaMemcpyHostToDevice), "fill");
       kvc::cuda::check(cudaMemcpy(dv.data(), v.data(), v.size() * 4, cudaMemcpyHostToDevice), "fill");
@@ -79,12 +100,8 @@ template <class Host>
 void decode_row(benchmark::State& state, int T, int batch, int gqa) {
   auto& cache = Filled<Host>::get(T, batch);
   const int H = kKvHeads * gqa;
-  std::vector<kvc::half_t> q(std::size_t(batch) * H * kHeadDim);
-  std::mt19937_64 rng(2);
-  std::normal_distribution<float> n01(0.0f, 1.0f);
-  for (auto& x : q) x = kvc::half_t::from_float(n01(rng));
-  kvc::cuda::DeviceBuffer<kvc::half_t> dq(q.size()), dout(q.size());
-  kvc::cuda::check(cudaMemcpy(dq.data(), q.data(), q.size() * 2, cudaMemcpyHostToDevice), "query");
+  const std::size_t nq = std::size_t(batch) * H * kHeadDim;
+  kvc::cuda::DeviceBuffer<kvc::half_t> dq = device_query(nq), dout(nq);
   kvc::cuda::decode_attention<kHeadDim>(cache, 0, batch, H, dq.data(), dout.data());  // warm-up
   EventTimer timer;
   for (auto _ : state) {
@@ -110,6 +127,78 @@ void copy_row(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(2.0 * double(n) * double(state.iterations())));
   state.counters["read_per_second"] =
       benchmark::Counter(double(n) * double(state.iterations()), benchmark::Counter::kIsRate);
+}
+
+/// QAQ (QaqQuantizer<>) filled like the other rows, n = 5 decode steps to fill the histories, then each side's
+/// target bisected to ~3 average bits (as kvc_bench's QAQ rows), all on the device.
+using QaqDev = kvc::cuda::DeviceQaqCache<kvc::QaqQuantizer<>>;
+struct QaqFilled {
+  std::unique_ptr<QaqDev> cache;
+  std::unique_ptr<kvc::cuda::DeviceBuffer<float>> probs;
+  int T = -1, batch = -1, gqa = -1;
+  static QaqFilled& get(int T, int batch, int gqa, const kvc::cuda::DeviceBuffer<kvc::half_t>& q,
+                        kvc::cuda::DeviceBuffer<kvc::half_t>& out) {
+    static QaqFilled f;
+    if (f.cache && f.T == T && f.batch == batch && f.gqa == gqa) return f;
+    f.cache.reset();
+    kvc::qaq::QueryNormCalibration calib(1, kKvHeads, kHeadDim);
+    for (float& x : calib.qnorm2) x = 1.0f;  // E ||q / sqrt(d)||^2 of the N(0, 1) query
+    calib.queries = 1;
+    f.cache = std::make_unique<QaqDev>(kvc::CacheConfig{1, batch, kKvHeads, kHeadDim, T}, kvc::qaq::Targets{1e-3, 1e-3},
+                                       calib);
+    f.probs = std::make_unique<kvc::cuda::DeviceBuffer<float>>(std::size_t(batch) * kKvHeads * T);
+    std::vector<float> k, v;
+    fill_chunk(k, v);
+    for (int s = 0; s < batch; ++s)
+      for (int t = 0; t < T; t += kChunk) {
+        const int n = T - t < kChunk ? T - t : kChunk;
+        f.cache->append(0, s, kvc::KVView::contiguous(k.data(), n, kKvHeads, kHeadDim),
+                        kvc::KVView::contiguous(v.data(), n, kKvHeads, kHeadDim));
+      }
+    const int H = kKvHeads * gqa;
+    for (int i = 0; i < kvc::QaqQuantizer<>::kWindow; ++i) {
+      kvc::cuda::decode_attention<kHeadDim>(*f.cache, 0, batch, H, q.data(), out.data(), f.probs->data(), T);
+      f.cache->update_widths(0, f.probs->data(), T);
+    }
+    kvc::qaq::Targets tg = f.cache->targets();
+    auto average = [&](int side) {
+      return [&, side](double target) {
+        (side == 0 ? tg.key_sigma_s : tg.value_sigma_x) = target;
+        f.cache->set_targets(tg);
+        f.cache->update_widths(0, f.probs->data(), T);  // the same probabilities: the histories' maxima stay
+        return f.cache->average_width(side);
+      };
+    };
+    tg.key_sigma_s = kvc::qaq::calibrate_target(average(0), 3.0, 1e-9, 1e3, 30);
+    tg.value_sigma_x = kvc::qaq::calibrate_target(average(1), 3.0, 1e-9, 1e3, 30);
+    f.cache->set_targets(tg);
+    f.cache->update_widths(0, f.probs->data(), T);
+    kvc::cuda::check(cudaDeviceSynchronize(), "QAQ fill");
+    f.T = T, f.batch = batch, f.gqa = gqa;
+    return f;
+  }
+};
+
+/// QAQ rows: update = false times decode attention (with the probabilities handed back), true the width
+/// update of one step (history push, rule, rebucketing).
+void qaq_row(benchmark::State& state, int T, int batch, int gqa, bool update) {
+  const int H = kKvHeads * gqa;
+  const std::size_t nq = std::size_t(batch) * H * kHeadDim;
+  kvc::cuda::DeviceBuffer<kvc::half_t> dq = device_query(nq), dout(nq);
+  QaqFilled& f = QaqFilled::get(T, batch, gqa, dq, dout);
+  EventTimer timer;
+  for (auto _ : state) {
+    timer.start();
+    if (update) f.cache->update_widths(0, f.probs->data(), T);
+    else kvc::cuda::decode_attention<kHeadDim>(*f.cache, 0, batch, H, dq.data(), dout.data(), f.probs->data(), T);
+    state.SetIterationTime(timer.stop_seconds());
+  }
+  const double bytes = double(f.cache->stored_bytes());
+  state.SetBytesProcessed(static_cast<std::int64_t>(bytes * double(state.iterations())));
+  state.counters["read_MB"] = bytes / 1e6;
+  state.counters["bits_per_element"] = f.cache->bits_per_element();
+  state.counters["key_bits"] = f.cache->average_width(0);
+  state.counters["value_bits"] = f.cache->average_width(1);
 }
 
 template <class Host>
@@ -155,6 +244,17 @@ int main(int argc, char** argv) {
   // GEAR's device append fits one rank-1 residual per block through cuBLAS/cuSOLVER: built for the
   // shorter shapes only.
   register_scheme<kvc::schemes::GearKivi2>("gear_kivi2", {4096, 32768}, {1});
+  // QAQ at ~3 average code bits per side: decode attention, and the width update of one step.
+  for (int Tq : {4096, 32768})
+    for (int Bq : {1, 16})
+      for (int update = 0; update < 2; ++update) {
+        const std::string row = std::string(update ? "BM_CudaQaqUpdateWidths" : "BM_CudaDecodeAttention/qaq") +
+                                "/T:" + std::to_string(Tq) + "/B:" + std::to_string(Bq) + "/G:4";
+        benchmark::RegisterBenchmark(row.c_str(), [=](benchmark::State& s) { qaq_row(s, Tq, Bq, 4, update != 0); })
+            ->UseManualTime()
+            ->Unit(benchmark::kMicrosecond)
+            ->MinTime(0.2);
+      }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

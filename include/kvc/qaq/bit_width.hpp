@@ -95,7 +95,16 @@ struct StepWidths {
   bool key_min;                 // ||Q||^2 == 0: every key at r.min
   double key_denom;             // 2 sqrt(3) sigma_K
   double value_denom[256];      // 2 sqrt(3) sigma_V per probability code (255: S^ = 0, unused)
+  StepWidths() = default;  ///< trivial (device shared memory): set_scalars(), then value_denom[c] = value_denom_at(c)
   KVC_HOST_DEVICE StepWidths(int T_, double sigma_s, double qnorm2, double sigma_x, WidthRange r_) noexcept;
+  /// Everything but value_denom[0, 255).
+  KVC_HOST_DEVICE void set_scalars(int T_, double sigma_s, double qnorm2, WidthRange r_) noexcept {
+    T = T_, r = r_, key_min = !(qnorm2 > 0.0), key_denom = 1.0, value_denom[255] = 1.0;
+    if (T > 1 && !key_min) key_denom = kTwoSqrt3 * Bounds::key_sigma(T, sigma_s, qnorm2);
+  }
+  /// The value denominator of probability code c < 255 (T >= 2): what the constructor stores; device code
+  /// fills value_denom with it in parallel.
+  KVC_HOST_DEVICE static double value_denom_at(int T, double sigma_x, int c) noexcept;
   KVC_HOST_DEVICE int key(double range) const noexcept {
     if (T <= 1) return r.max;
     if (key_min || !(range > 0.0)) return r.min;
@@ -124,13 +133,14 @@ struct ProbCode {
 };
 
 template <class Bounds>
-KVC_HOST_DEVICE StepWidths<Bounds>::StepWidths(int T_, double sigma_s, double qnorm2, double sigma_x, WidthRange r_) noexcept
-    : T(T_), r(r_), key_min(!(qnorm2 > 0.0)), key_denom(1.0) {
+KVC_HOST_DEVICE double StepWidths<Bounds>::value_denom_at(int T, double sigma_x, int c) noexcept {
+  return kTwoSqrt3 * Bounds::value_sigma(T, sigma_x, double(ProbCode::decode(std::uint8_t(c))));
+}
+template <class Bounds>
+KVC_HOST_DEVICE StepWidths<Bounds>::StepWidths(int T_, double sigma_s, double qnorm2, double sigma_x, WidthRange r_) noexcept {
+  set_scalars(T_, sigma_s, qnorm2, r_);
   if (T <= 1) return;
-  if (!key_min) key_denom = kTwoSqrt3 * Bounds::key_sigma(T, sigma_s, qnorm2);
-  for (int c = 0; c < 255; ++c)
-    value_denom[c] = kTwoSqrt3 * Bounds::value_sigma(T, sigma_x, double(ProbCode::decode(std::uint8_t(c))));
-  value_denom[255] = 1.0;
+  for (int c = 0; c < 255; ++c) value_denom[c] = value_denom_at(T, sigma_x, c);
 }
 template <class Bounds>
 KVC_HOST_DEVICE int StepWidths<Bounds>::value(double range, std::uint8_t code) const noexcept {

@@ -25,6 +25,7 @@
 #include <kvc/qaq/calibration.hpp>
 #include <kvc/qaq/qaq_quantizer.hpp>
 #include <kvc/qaq/record_format.hpp>
+#include <kvc/qaq/setup_checks.hpp>
 
 #include <array>
 #include <cmath>
@@ -73,17 +74,9 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   /// calibration of the same layers, KV heads and head_dim.
   CompressedKVCache(const CacheConfig& cfg, qaq::Targets targets, qaq::QueryNormCalibration calibration)
       : cfg_(cfg), calib_(std::move(calibration)) {
-    KVC_CHECK(cfg.layers > 0 && cfg.batch > 0 && cfg.kv_heads > 0 && cfg.head_dim > 0 && cfg.capacity > 0,
-              Errc::kInvalidArgument, "cache config needs positive layers, batch, kv_heads, head_dim and capacity (got ",
-              cfg.layers, ", ", cfg.batch, ", ", cfg.kv_heads, ", ", cfg.head_dim, ", ", cfg.capacity, ")");
-    KVC_CHECK(cfg.head_dim % 16 == 0 && cfg.head_dim <= quantizer::kMaxHeadDim, Errc::kInvalidArgument, "QAQ: head_dim ",
-              cfg.head_dim, " must be a multiple of 16 and at most ", quantizer::kMaxHeadDim, " (uint8 outlier channels)");
-    calib_.check_shape(cfg.layers, cfg.kv_heads, cfg.head_dim);
-    for (float q : calib_.qnorm2)
-      KVC_CHECK(std::isfinite(q) && q > 0.0f, Errc::kInvalidArgument, "QAQ calibration holds ", q,
-                " (entries must be finite and positive: set every layer)");
+    qaq::check_setup(cfg, calib_, quantizer::kMaxHeadDim);
     set_targets(targets);
-    id_bytes_ = !kAdaptive ? 0 : cfg.capacity <= 65536 ? 2 : 4;
+    id_bytes_ = kAdaptive ? record::id_bytes_for(cfg.capacity) : 0;
     const std::size_t streams = std::size_t(cfg.layers) * cfg.batch * cfg.kv_heads;
     keys_.resize(streams);
     values_.resize(streams);
@@ -95,9 +88,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
 
   /// Changes the error targets (SPEC Q1); they take effect at the next update_widths().
   void set_targets(qaq::Targets t) {
-    KVC_CHECK(std::isfinite(t.key_sigma_s) && t.key_sigma_s > 0.0 && std::isfinite(t.value_sigma_x) && t.value_sigma_x > 0.0,
-              Errc::kInvalidArgument, "QAQ targets must be finite and positive (sigma_S ", t.key_sigma_s, ", sigma_X ",
-              t.value_sigma_x, ")");
+    qaq::check_targets(t);
     targets_ = t;
   }
   [[nodiscard]] qaq::Targets targets() const noexcept { return targets_; }
@@ -109,6 +100,16 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   }
   [[nodiscard]] const Side& keys(int layer, int seq, int head) const { return keys_[stream(layer, seq, head)]; }
   [[nodiscard]] const Side& values(int layer, int seq, int head) const { return values_[stream(layer, seq, head)]; }
+  /// The attention histories of one stream, by token, and its mirror (side 0: keys, 1: values; fp16
+  /// [length][head_dim]): what a device cache uploads.
+  [[nodiscard]] const std::vector<history>& histories(int layer, int seq, int head) const {
+    check_index(layer, seq);
+    return hist_[stream(layer, seq, head)];
+  }
+  [[nodiscard]] const std::vector<half_t>& mirror(int layer, int seq, int head, int side) const {
+    check_index(layer, seq);
+    return side == 0 ? mirror_k_[stream(layer, seq, head)] : mirror_v_[stream(layer, seq, head)];
+  }
   /// Records in a bucket of width b (bytes / record size).
   [[nodiscard]] std::size_t records(const Side& s, int b) const {
     return s.bucket[std::size_t(b - BMin)].size() / record::bytes(cfg_.head_dim, b, id_bytes_);

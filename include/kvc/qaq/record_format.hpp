@@ -22,6 +22,8 @@ namespace kvc::qaq {
 template <class Q>
 struct RecordFormat {
   using quantizer = Q;
+  /// Token id bytes of an adaptive cache of `capacity` tokens: 2 up to 65,536 tokens, else 4.
+  KVC_HOST_DEVICE static constexpr int id_bytes_for(int capacity) noexcept { return capacity <= 65536 ? 2 : 4; }
   KVC_HOST_DEVICE static constexpr std::size_t code_bytes(int d, int b) noexcept { return std::size_t(d) * b / 8; }
   KVC_HOST_DEVICE static constexpr std::size_t bytes(int d, int b, int id_bytes) noexcept {
     return 4 + code_bytes(d, b) + 3 * std::size_t(Q::outliers(d)) + std::size_t(id_bytes);
