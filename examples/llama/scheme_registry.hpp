@@ -273,12 +273,17 @@ inline const std::vector<SchemeEntry>& scheme_registry() {
           "gear-kivi2-s1-r1", "KIVI-2 (group 32, window 128) + 1 % outliers, rank 1"),
       // QAQ's per-token uniform baseline (paper Fig. 4): every token at B bits, QAQ's codec and 1 % outliers.
       // The adaptive QAQ schemes carry their targets in the name (find_scheme).
+      detail::qaq_entry<QaqQuantizer<1, 1>>("qaq-u1", "per-token uniform 1-bit + 1 % outliers (QAQ's codec)", {1, 1}),
       detail::qaq_entry<QaqQuantizer<2, 2>>("qaq-u2", "per-token uniform 2-bit + 1 % outliers (QAQ's codec)", {1, 1}),
       detail::qaq_entry<QaqQuantizer<3, 3>>("qaq-u3", "per-token uniform 3-bit + 1 % outliers (QAQ's codec)", {1, 1}),
       detail::qaq_entry<QaqQuantizer<4, 4>>("qaq-u4", "per-token uniform 4-bit + 1 % outliers (QAQ's codec)", {1, 1}),
       detail::qaq_entry<QaqQuantizer<5, 5>>("qaq-u5", "per-token uniform 5-bit + 1 % outliers (QAQ's codec)", {1, 1}),
       detail::qaq_entry<QaqQuantizer<6, 6>>("qaq-u6", "per-token uniform 6-bit + 1 % outliers (QAQ's codec)", {1, 1}),
       detail::qaq_entry<QaqQuantizer<8, 8>>("qaq-u8", "per-token uniform 8-bit + 1 % outliers (QAQ's codec)", {1, 1}),
+      // Three points of the QAQ curve (paper defaults: widths 1..8, 1 % outliers, n = 5); any other targets by name.
+      detail::qaq_entry<QaqQuantizer<>>("qaq:1e-3:1e-2", "QAQ at sigma_S 1e-3, sigma_X 1e-2 (~3.9 bits)", {1e-3, 1e-2}),
+      detail::qaq_entry<QaqQuantizer<>>("qaq:2e-4:2e-3", "QAQ at sigma_S 2e-4, sigma_X 2e-3 (~5.1 bits)", {2e-4, 2e-3}),
+      detail::qaq_entry<QaqQuantizer<>>("qaq:1e-4:1e-3", "QAQ at sigma_S 1e-4, sigma_X 1e-3 (~5.9 bits)", {1e-4, 1e-3}),
   };
   return registry;
 }

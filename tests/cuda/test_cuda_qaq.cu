@@ -40,6 +40,15 @@ void expect_same_buckets(const HostQaq& host, const DevQaq& dev, const char* whe
       }
 }
 
+// decode_attention<D> for the head dims the suite uses.
+void attend(const DevQaq& c, int nseq, int heads, const float* q, float* out, float* probs, int stride) {
+  switch (c.config().head_dim) {
+    case 64: kvc::cuda::decode_attention<64>(c, 0, nseq, heads, q, out, probs, stride); break;
+    case 80: kvc::cuda::decode_attention<80>(c, 0, nseq, heads, q, out, probs, stride); break;
+    default: kvc::cuda::decode_attention<128>(c, 0, nseq, heads, q, out, probs, stride); break;
+  }
+}
+
 struct Shape {
   int d, H, Hq;
   kvc::cuda::MirrorPlace mirror;
@@ -90,8 +99,7 @@ TEST_P(DeviceQaq, EveryStepMatchesTheHostCache) {
       }
     }
     kvc_cuda_test::DeviceArray<float> dq(q), dout(q.size());
-    if (d == 64) kvc::cuda::decode_attention<64>(dev, 0, batch, Hq, dq.data(), dout.data(), dprobs.data(), cap);
-    else kvc::cuda::decode_attention<128>(dev, 0, batch, Hq, dq.data(), dout.data(), dprobs.data(), cap);
+    attend(dev, batch, Hq, dq.data(), dout.data(), dprobs.data(), cap);
     const std::vector<float> got = dout.get(), p = dprobs.get();
     double vmax = 0.0;
     for (const auto& k : x) vmax = std::max(vmax, double(kvc_test::max_abs(k.v)));
@@ -119,8 +127,7 @@ TEST_P(DeviceQaq, EveryStepMatchesTheHostCache) {
   expect_same_buckets(host, up, "after upload");
   const std::vector<float> q = kvc_test::random_query(batch, Hq, d, 99);
   kvc_cuda_test::DeviceArray<float> dq(q), dout(q.size());
-  if (d == 64) kvc::cuda::decode_attention<64>(up, 0, batch, Hq, dq.data(), dout.data(), dprobs.data(), cap);
-  else kvc::cuda::decode_attention<128>(up, 0, batch, Hq, dq.data(), dout.data(), dprobs.data(), cap);
+  attend(up, batch, Hq, dq.data(), dout.data(), dprobs.data(), cap);
   kvc::qaq::TokenProbs hprobs;
   hprobs.resize(batch, H, cap);
   hprobs.p = dprobs.get();
@@ -141,6 +148,7 @@ TEST_P(DeviceQaq, EveryStepMatchesTheHostCache) {
 INSTANTIATE_TEST_SUITE_P(Shapes, DeviceQaq,
                          ::testing::Values(Shape{64, 2, 2, kvc::cuda::MirrorPlace::kHost},
                                            Shape{64, 1, 3, kvc::cuda::MirrorPlace::kDevice},
+                                           Shape{80, 2, 4, kvc::cuda::MirrorPlace::kHost},  // a partial warp
                                            Shape{128, 2, 8, kvc::cuda::MirrorPlace::kHost},
                                            Shape{128, 3, 9, kvc::cuda::MirrorPlace::kDevice}));
 
