@@ -12,7 +12,8 @@
 //   BM_DecodeAttention/qaq/T:<n>        QAQ (QaqQuantizer<>) with targets calibrated to ~3 average bits per side
 //                                        on this data (after n = 5 decode steps fill the histories)
 //   BM_QaqUpdateWidths/T:<n>             QAQ's per-step width update of that cache (history push, width rule,
-//                                        moves between buckets)
+//                                        moves between buckets), one step's probabilities repeated
+//   BM_QaqDecodeStep/T:<n>               a whole QAQ step (attention + update) with a new query each step
 // Counters: bytes_per_second = cache bytes one decode step reads (codes, scales, zeros, windows);
 // bits_per_element = stored bits per K/V element, everything counted.
 #include "bench_util.hpp"
@@ -109,9 +110,9 @@ std::unique_ptr<Cache> build_cache(int tokens) {
 }
 
 /// The decode query: N(0, 1) per element, every head.
-std::vector<float> bench_query() {
+std::vector<float> bench_query(unsigned seed = 3) {
   std::vector<float> q(std::size_t(kKvHeads) * kGqa * kHeadDim);
-  std::mt19937 rng(3);
+  std::mt19937 rng(seed);
   std::normal_distribution<float> nd;
   for (auto& x : q) x = nd(rng);
   return q;
@@ -213,6 +214,36 @@ void BM_QaqUpdateWidths(benchmark::State& state) {
   state.counters["bits_per_element"] = cache->bits_per_element();
 }
 
+/// One whole QAQ decode step as a model runs it: attention with probabilities, then the width update they ask
+/// for, with a new query every step (16 in turn), so tokens really move (on this data about a fifth of the
+/// value tokens change width per step, half of them raised from the mirror). BM_QaqUpdateWidths repeats one
+/// step's probabilities, so after its first iteration nothing moves: this row is the cost a model pays.
+void BM_QaqDecodeStep(benchmark::State& state) {
+  const std::vector<float> q0 = bench_query();
+  kvc::qaq::TokenProbs probs;
+  const auto cache = build_qaq(static_cast<int>(state.range(0)), q0, 3.0, probs);
+  std::vector<std::vector<float>> qs;
+  for (unsigned i = 0; i < 16; ++i) qs.push_back(bench_query(100 + i));
+  std::vector<float> out(q0.size());
+  const int heads = kKvHeads * kGqa;
+  std::size_t step = 0;
+  state.SetLabel(kvc::isa_name(kvc::resolve_isa(kvc::Isa::kAuto)));
+  for (auto _ : state) {
+    state.PauseTiming();
+    kvc_bench::flush_caches();
+    state.ResumeTiming();
+    const std::vector<float>& q = qs[step++ % qs.size()];
+    kvc::qaq_decode_step(*cache, 0, kvc::QueryView::contiguous(q.data(), 1, heads, kHeadDim),
+                         kvc::OutputView::contiguous(out.data(), 1, heads, kHeadDim), {}, probs);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["bytes_per_second"] = benchmark::Counter(
+      static_cast<double>(cache->decode_read_bytes(0)) * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["bits_per_element"] = cache->bits_per_element();
+  state.counters["key_bits"] = cache->average_width(0);
+  state.counters["value_bits"] = cache->average_width(1);
+}
+
 template <class Cache>
 void register_append_decode(const char* name) {
   benchmark::RegisterBenchmark((std::string("BM_AppendDecode/") + name).c_str(), BM_AppendDecode<Cache>)
@@ -260,6 +291,8 @@ const int registered = [] {
   benchmark::RegisterBenchmark("BM_DecodeAttention/qaq", BM_DecodeAttentionQaq)
       ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("BM_QaqUpdateWidths", BM_QaqUpdateWidths)
+      ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("BM_QaqDecodeStep", BM_QaqDecodeStep)
       ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
   // Decode-time compression, block mode vs GEAR's literal mode (Algorithm 1) on the same policies.
   using namespace kvc::schemes;

@@ -3,8 +3,8 @@
 //       head dim 128, fp16 queries; bytes_per_second = the bytes one decode step reads (the cache's own
 //       decode_read_bytes: codes, scales, zeros, corrections, fp16 window) per second of kernel time
 //   BM_CudaDecodeAttention/qaq/T:<tokens>/B:<batch>/G:4  QAQ's mixed-bit attention (with the per-token
-//       probabilities handed back) at ~3 average code bits per side; BM_CudaQaqUpdateWidths/...: the width
-//       update of one step; bytes_per_second = the compressed cache's stored bytes per second
+//       probabilities handed back) at ~3 average code bits per side; BM_CudaQaqDecodeStep/...: a whole step
+//       (attention + width update, a new query each step); bytes_per_second = stored bytes per second
 //   BM_CudaCopy/bytes:<n>  cudaMemcpyAsync device to device: bytes_per_second = n read + n written per
 //       second (the bandwidth limit; read_per_second is half of it)
 // Timing: CUDA events around each call (UseManualTime). Which GPU: printed at start.
@@ -13,6 +13,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -56,9 +57,9 @@ void fill_chunk(std::vector<float>& k, std::vector<float>& v) {
 }
 
 /// A device fp16 N(0, 1) query of n elements.
-kvc::cuda::DeviceBuffer<kvc::half_t> device_query(std::size_t n) {
+kvc::cuda::DeviceBuffer<kvc::half_t> device_query(std::size_t n, std::uint64_t seed = 2) {
   std::vector<kvc::half_t> q(n);
-  std::mt19937_64 rng(2);
+  std::mt19937_64 rng(seed);
   std::normal_distribution<float> n01(0.0f, 1.0f);
   for (auto& x : q) x = kvc::half_t::from_float(n01(rng));
   kvc::cuda::DeviceBuffer<kvc::half_t> dq(n);
@@ -179,18 +180,23 @@ struct QaqFilled {
   }
 };
 
-/// QAQ rows: update = false times decode attention (with the probabilities handed back), true the width
-/// update of one step (history push, rule, rebucketing).
-void qaq_row(benchmark::State& state, int T, int batch, int gqa, bool update) {
+/// QAQ rows: step = false times decode attention (with the probabilities handed back); true a whole decode
+/// step as a model runs it, attention then the width update, with a new query each step (16 in turn), so that
+/// tokens really move between widths (repeating one step's probabilities would move nothing).
+void qaq_row(benchmark::State& state, int T, int batch, int gqa, bool step) {
   const int H = kKvHeads * gqa;
   const std::size_t nq = std::size_t(batch) * H * kHeadDim;
   kvc::cuda::DeviceBuffer<kvc::half_t> dq = device_query(nq), dout(nq);
   QaqFilled& f = QaqFilled::get(T, batch, gqa, dq, dout);
+  std::vector<kvc::cuda::DeviceBuffer<kvc::half_t>> qs;
+  for (std::uint64_t i = 0; i < 16; ++i) qs.push_back(device_query(nq, 100 + i));
   EventTimer timer;
+  std::size_t n = 0;
   for (auto _ : state) {
+    const kvc::half_t* q = step ? qs[n++ % qs.size()].data() : dq.data();
     timer.start();
-    if (update) f.cache->update_widths(0, f.probs->data(), T);
-    else kvc::cuda::decode_attention<kHeadDim>(*f.cache, 0, batch, H, dq.data(), dout.data(), f.probs->data(), T);
+    kvc::cuda::decode_attention<kHeadDim>(*f.cache, 0, batch, H, q, dout.data(), f.probs->data(), T);
+    if (step) f.cache->update_widths(0, f.probs->data(), T);
     state.SetIterationTime(timer.stop_seconds());
   }
   const double bytes = double(f.cache->stored_bytes());
@@ -244,13 +250,13 @@ int main(int argc, char** argv) {
   // GEAR's device append fits one rank-1 residual per block through cuBLAS/cuSOLVER: built for the
   // shorter shapes only.
   register_scheme<kvc::schemes::GearKivi2>("gear_kivi2", {4096, 32768}, {1});
-  // QAQ at ~3 average code bits per side: decode attention, and the width update of one step.
+  // QAQ at ~3 average code bits per side: decode attention alone, and whole steps (attention + width update).
   for (int Tq : {4096, 32768})
     for (int Bq : {1, 16})
-      for (int update = 0; update < 2; ++update) {
-        const std::string row = std::string(update ? "BM_CudaQaqUpdateWidths" : "BM_CudaDecodeAttention/qaq") +
+      for (int step = 0; step < 2; ++step) {
+        const std::string row = std::string(step ? "BM_CudaQaqDecodeStep" : "BM_CudaDecodeAttention/qaq") +
                                 "/T:" + std::to_string(Tq) + "/B:" + std::to_string(Bq) + "/G:4";
-        benchmark::RegisterBenchmark(row.c_str(), [=](benchmark::State& s) { qaq_row(s, Tq, Bq, 4, update != 0); })
+        benchmark::RegisterBenchmark(row.c_str(), [=](benchmark::State& s) { qaq_row(s, Tq, Bq, 4, step != 0); })
             ->UseManualTime()
             ->Unit(benchmark::kMicrosecond)
             ->MinTime(0.2);

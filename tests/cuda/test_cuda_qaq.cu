@@ -40,13 +40,9 @@ void expect_same_buckets(const HostQaq& host, const DevQaq& dev, const char* whe
       }
 }
 
-// decode_attention<D> for the head dims the suite uses.
+// decode_attention<D> for the head dims the suite uses (run-time dispatch).
 void attend(const DevQaq& c, int nseq, int heads, const float* q, float* out, float* probs, int stride) {
-  switch (c.config().head_dim) {
-    case 64: kvc::cuda::decode_attention<64>(c, 0, nseq, heads, q, out, probs, stride); break;
-    case 80: kvc::cuda::decode_attention<80>(c, 0, nseq, heads, q, out, probs, stride); break;
-    default: kvc::cuda::decode_attention<128>(c, 0, nseq, heads, q, out, probs, stride); break;
-  }
+  kvc::cuda::decode_attention_any<64, 80, 128>(c, 0, nseq, heads, q, out, probs, stride);
 }
 
 struct Shape {
@@ -187,6 +183,16 @@ TEST(DeviceQaqErrors, BadInputThrowsTheHostErrorAndChangesNothing) {
   kvc_cuda_test::DeviceArray<float> dp(p);
   EXPECT_EQ(error_of([&] { dev.update_widths(0, dp.data(), cap); }), kvc::Errc::kInvalidArgument);
   EXPECT_EQ(error_of([&] { dev.update_widths(0, dp.data(), 20); }), kvc::Errc::kInvalidArgument);  // stride < length
+  // attention: a probability row shorter than the sequence, GQA that does not divide, too many sequences, a
+  // head dim without a kernel
+  kvc_cuda_test::DeviceArray<float> q(std::size_t(2 * H * d)), out(std::size_t(2 * H * d));
+  EXPECT_EQ(error_of([&] { attend(dev, 1, H, q.data(), out.data(), dp.data(), 20); }), kvc::Errc::kInvalidArgument);
+  EXPECT_EQ(error_of([&] { attend(dev, 1, 3, q.data(), out.data(), dp.data(), cap); }), kvc::Errc::kInvalidArgument);
+  EXPECT_EQ(error_of([&] { attend(dev, 2, H, q.data(), out.data(), dp.data(), cap); }), kvc::Errc::kInvalidArgument);
+  EXPECT_EQ(error_of([&] {
+              kvc::cuda::decode_attention_any<128>(dev, 0, 1, H, q.data(), out.data(), dp.data(), cap);
+            }),
+            kvc::Errc::kInvalidArgument);
   EXPECT_TRUE(dev.buckets(0, 0, 1, 0) == before);
   EXPECT_EQ(dev.stored_bytes(), bytes);
   EXPECT_EQ(dev.length(0, 0), 30);

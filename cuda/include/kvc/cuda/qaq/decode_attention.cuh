@@ -86,4 +86,25 @@ void decode_attention(const DeviceQaqCache<Q>& cache, int layer, int nseq, int q
   else if (group <= 4) qaq_detail::launch_attention<Q, D, 4, QT>(p, longest, nseq, group, q, out, probs, probs_stride, scale, opt, stream);
   else qaq_detail::launch_attention<Q, D, 8, QT>(p, longest, nseq, group, q, out, probs, probs_stride, scale, opt, stream);
 }
+
+/// The same, dispatching the cache's head dimension at run time to the kernels of `HeadDims...` (default
+/// 64, 80, 96, 128, 256; name fewer to compile fewer). Throws for another head dimension.
+template <int... HeadDims, class Q, class QT>
+void decode_attention_any(const DeviceQaqCache<Q>& cache, int layer, int nseq, int query_heads, const QT* q, QT* out,
+                          float* probs, int probs_stride, const DecodeOptions& opt = {}, cudaStream_t stream = nullptr) {
+  const int d = cache.config().head_dim;
+  auto one = [&]<int D>() {
+    if (d != D) return false;
+    decode_attention<D>(cache, layer, nseq, query_heads, q, out, probs, probs_stride, opt, stream);
+    return true;
+  };
+  bool done;
+  if constexpr (sizeof...(HeadDims) == 0)
+    done = (one.template operator()<64>() || one.template operator()<80>() || one.template operator()<96>() ||
+            one.template operator()<128>() || one.template operator()<256>());
+  else
+    done = (one.template operator()<HeadDims>() || ...);
+  KVC_CHECK(done, Errc::kInvalidArgument, "head_dim ", d, " has no CUDA QAQ kernel here (compiled: 64, 80, 96, 128, 256 "
+            "or the HeadDims given)");
+}
 }  // namespace kvc::cuda
