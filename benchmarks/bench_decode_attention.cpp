@@ -10,7 +10,7 @@
 //                                        mode compresses it, LiteralMode recompresses the whole history);
 //                                        per_token = the amortised cost of one token
 //   BM_DecodeAttention/qaq/T:<n>        QAQ (QaqQuantizer<>) with targets calibrated to ~3 average bits per side
-//                                        on this data (after n = 5 decode steps fill the histories)
+//                                        on this data (after 16 decode steps with varied queries fill the histories)
 //   BM_QaqUpdateWidths/T:<n>             QAQ's per-step width update of that cache (history push, width rule,
 //                                        moves between buckets), one step's probabilities repeated
 //   BM_QaqDecodeStep/T:<n>               a whole QAQ step (attention + update) with a new query each step
@@ -162,10 +162,19 @@ void BM_AppendDecode(benchmark::State& state) {
       benchmark::Counter(double(B) * state.iterations(), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
+/// The queries of QAQ's decode steps: a new one each step, 16 in turn.
+std::vector<std::vector<float>> qaq_queries() {
+  std::vector<std::vector<float>> qs;
+  for (unsigned i = 0; i < 16; ++i) qs.push_back(bench_query(100 + i));
+  return qs;
+}
+
 /// A QAQ cache of `tokens` tokens whose targets are calibrated to ~`bits` average bits per side on this data:
-/// n = 5 decode steps with the benchmark's query fill every history, then each side's target is bisected.
+/// 16 decode steps (queries qs in turn) fill every history with what varied queries give, then each side's
+/// target is bisected on the width rule over that state.
 using QaqBench = kvc::CompressedKVCache<kvc::QaqQuantizer<>>;
-std::unique_ptr<QaqBench> build_qaq(int tokens, const std::vector<float>& q, double bits, kvc::qaq::TokenProbs& probs) {
+std::unique_ptr<QaqBench> build_qaq(int tokens, const std::vector<std::vector<float>>& qs, double bits,
+                                    kvc::qaq::TokenProbs& probs) {
   kvc::qaq::QueryNormCalibration calib(1, kKvHeads, kHeadDim);
   for (float& x : calib.qnorm2) x = 1.0f;  // E ||q / sqrt(d)||^2 of the N(0, 1) query
   calib.queries = 1;
@@ -173,40 +182,52 @@ std::unique_ptr<QaqBench> build_qaq(int tokens, const std::vector<float>& q, dou
                                           kvc::qaq::Targets{1e-3, 1e-3}, calib);
   fill(*cache, tokens);
   const int heads = kKvHeads * kGqa;
-  std::vector<float> out(q.size());
-  for (int i = 0; i < QaqBench::quantizer::kWindow; ++i)
+  std::vector<float> out(qs[0].size());
+  for (const std::vector<float>& q : qs)
     kvc::qaq_decode_step(*cache, 0, kvc::QueryView::contiguous(q.data(), 1, heads, kHeadDim),
                          kvc::OutputView::contiguous(out.data(), 1, heads, kHeadDim), {}, probs);
+  // The average width a target would give, from the rule over every record's metadata and history, without
+  // moving anything or pushing the histories again (so they keep the maxima over varied queries).
   kvc::qaq::Targets t = cache->targets();
   auto average = [&](int side) {
     return [&, side](double target) {
       (side == 0 ? t.key_sigma_s : t.value_sigma_x) = target;
-      cache->set_targets(t);
-      cache->update_widths(0, probs);  // the same probabilities again: the histories' maxima do not change
-      return cache->average_width(side);
+      double sum = 0.0, n = 0.0;
+      for (int h = 0; h < kKvHeads; ++h) {
+        const kvc::qaq::StepWidths<> rule(cache->length(0, 0), t.key_sigma_s, double(calib.at(0, h)), t.value_sigma_x,
+                                          QaqBench::quantizer::widths());
+        const auto& hist = cache->histories(0, 0, h);
+        cache->for_each_record(side == 0 ? cache->keys(0, 0, h) : cache->values(0, 0, h),
+                               [&](const std::byte* r, int, std::uint32_t tok) {
+                                 sum += QaqBench::width(hist[tok], QaqBench::record::meta(r), rule, side == 0);
+                                 n += 1.0;
+                               });
+      }
+      return sum / n;
     };
   };
   t.key_sigma_s = kvc::qaq::calibrate_target(average(0), bits, 1e-9, 1e3, 30);
   t.value_sigma_x = kvc::qaq::calibrate_target(average(1), bits, 1e-9, 1e3, 30);
   cache->set_targets(t);
-  cache->update_widths(0, probs);
+  const std::vector<float>& q = qs[0];  // one more step moves the tokens to the calibrated widths
+  kvc::qaq_decode_step(*cache, 0, kvc::QueryView::contiguous(q.data(), 1, heads, kHeadDim),
+                       kvc::OutputView::contiguous(out.data(), 1, heads, kHeadDim), {}, probs);
   return cache;
 }
 
 void BM_DecodeAttentionQaq(benchmark::State& state) {
-  const std::vector<float> q = bench_query();
+  const auto qs = qaq_queries();
   kvc::qaq::TokenProbs probs;
-  const auto cache = build_qaq(static_cast<int>(state.range(0)), q, 3.0, probs);
-  kvc_bench::time_decode_steps(state, *cache, q, kKvHeads * kGqa, kHeadDim);
+  const auto cache = build_qaq(static_cast<int>(state.range(0)), qs, 3.0, probs);
+  kvc_bench::time_decode_steps(state, *cache, qs[0], kKvHeads * kGqa, kHeadDim);
   state.SetLabel("qaq float path");
   state.counters["key_bits"] = cache->average_width(0);
   state.counters["value_bits"] = cache->average_width(1);
 }
 
 void BM_QaqUpdateWidths(benchmark::State& state) {
-  const std::vector<float> q = bench_query();
   kvc::qaq::TokenProbs probs;
-  const auto cache = build_qaq(static_cast<int>(state.range(0)), q, 3.0, probs);
+  const auto cache = build_qaq(static_cast<int>(state.range(0)), qaq_queries(), 3.0, probs);
   for (auto _ : state) {
     cache->update_widths(0, probs);
     benchmark::DoNotOptimize(cache->stored_bytes());
@@ -219,12 +240,10 @@ void BM_QaqUpdateWidths(benchmark::State& state) {
 /// value tokens change width per step, half of them raised from the mirror). BM_QaqUpdateWidths repeats one
 /// step's probabilities, so after its first iteration nothing moves: this row is the cost a model pays.
 void BM_QaqDecodeStep(benchmark::State& state) {
-  const std::vector<float> q0 = bench_query();
+  const auto qs = qaq_queries();
   kvc::qaq::TokenProbs probs;
-  const auto cache = build_qaq(static_cast<int>(state.range(0)), q0, 3.0, probs);
-  std::vector<std::vector<float>> qs;
-  for (unsigned i = 0; i < 16; ++i) qs.push_back(bench_query(100 + i));
-  std::vector<float> out(q0.size());
+  const auto cache = build_qaq(static_cast<int>(state.range(0)), qs, 3.0, probs);
+  std::vector<float> out(qs[0].size());
   const int heads = kKvHeads * kGqa;
   std::size_t step = 0;
   state.SetLabel(kvc::isa_name(kvc::resolve_isa(kvc::Isa::kAuto)));

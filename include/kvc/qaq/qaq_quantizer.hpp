@@ -65,15 +65,20 @@ struct QaqQuantizer {
     auto is_taken = [&](int c) { return (taken[c >> 5] >> (c & 31)) & 1u; };
     const int k = outliers_per_end(d);
     for (int j = 0; j < 2 * k; ++j) {
-      const bool low = j < k;
+      // the first smallest (largest) untaken value; the running extreme stays in a register, so the scan is
+      // not a chain of dependent loads through `best`
       int best = -1;
-      for (int c = 0; c < d; ++c) {
-        if (is_taken(c)) continue;
-        if (best < 0 || (low ? x[c] < x[best] : x[c] > x[best])) best = c;
+      float bv = 0.0f;
+      if (j < k) {
+        for (int c = 0; c < d; ++c)
+          if (!is_taken(c) && (best < 0 || x[c] < bv)) best = c, bv = x[c];
+      } else {
+        for (int c = 0; c < d; ++c)
+          if (!is_taken(c) && (best < 0 || x[c] > bv)) best = c, bv = x[c];
       }
       taken[best >> 5] |= 1u << (best & 31);
       out_idx[j] = static_cast<std::uint8_t>(best);
-      out_val[j] = half_t::from_float(x[best]);
+      out_val[j] = half_t::from_float(bv);
     }
     return quantize_group_masked<codec>(
         1, d, BMax, [&](int, int c) { return x[c]; }, [&](int, int c, std::uint8_t q) { codes[c] = q; },

@@ -53,9 +53,17 @@ struct RecordFormat {
   /// (reads exactly W bytes; in registers, no narrow copy through memory).
   template <int W>
   KVC_HOST_DEVICE static std::uint64_t group_word(const std::uint8_t* p) noexcept {
+    return group_word(p, W);
+  }
+  /// group_word for a run-time width b in [1, 8].
+  KVC_HOST_DEVICE static std::uint64_t group_word(const std::uint8_t* p, int b) noexcept {
     std::uint64_t v = 0;
-    for (int j = 0; j < W; ++j) v |= std::uint64_t(p[j]) << (8 * j);
+    for (int j = 0; j < b; ++j) v |= std::uint64_t(p[j]) << (8 * j);
     return v;
+  }
+  /// Stores a group word of width b (8 codes) as its b bytes.
+  KVC_HOST_DEVICE static void put_group(std::uint8_t* p, int b, std::uint64_t v) noexcept {
+    for (int j = 0; j < b; ++j) p[j] = static_cast<std::uint8_t>(v >> (8 * j));
   }
   /// All d width-W codes as floats (W the record's width, d % 8 == 0): 8 codes fill exactly W bytes.
   template <int W>
@@ -88,9 +96,13 @@ struct RecordFormat {
     auto* h = reinterpret_cast<half_t*>(r);
     h[0] = m.lo;
     h[1] = m.step;
+    // 8 codes at a time, assembled in a register (d % 8 == 0): the group is exactly b bytes
     auto* p = reinterpret_cast<std::uint8_t*>(r + 4);
-    for (std::size_t i = 0; i < code_bytes(d, b); ++i) p[i] = 0;
-    for (int c = 0; c < d; ++c) or_dense_code(p, c, b, unsigned(codes_from[c]) >> (from - b));
+    for (int c0 = 0; c0 < d; c0 += 8, p += b) {
+      std::uint64_t v = 0;
+      for (int i = 0; i < 8; ++i) v |= std::uint64_t(unsigned(codes_from[c0 + i]) >> (from - b)) << (i * b);
+      put_group(p, b, v);
+    }
     const int n = Q::outliers(d);
     auto* ov = reinterpret_cast<half_t*>(r + 4 + code_bytes(d, b));
     auto* oi = reinterpret_cast<std::uint8_t*>(r + 4 + code_bytes(d, b) + 2 * std::size_t(n));
@@ -104,10 +116,22 @@ struct RecordFormat {
   /// Re-writes record `src` (width b) as `dst` at width nb < b: a shift of every code (exactly what quantizing
   /// the original at nb gives); metadata, outliers and token unchanged.
   KVC_HOST_DEVICE static void lower(const std::byte* src, int b, std::byte* dst, int nb, int d, int id_bytes) noexcept {
-    std::uint8_t c8[256];
-    for (int c = 0; c < d; ++c) c8[c] = static_cast<std::uint8_t>(code_at(src, c, b));
-    write(dst, d, nb, id_bytes, meta(src), c8, b, outlier_values(src, d, b), outlier_channels(src, d, b),
-          token(src, d, b, id_bytes));
+    for (int i = 0; i < 4; ++i) dst[i] = src[i];  // lo, step
+    // per group of 8 codes: each code's top nb bits, repacked at width nb in a register
+    const std::uint8_t* s = codes(src);
+    auto* o = reinterpret_cast<std::uint8_t*>(dst + 4);
+    const std::uint64_t mask = (std::uint64_t(1) << nb) - 1u;
+    for (int c0 = 0; c0 < d; c0 += 8, s += b, o += nb) {
+      const std::uint64_t v = group_word(s, b);
+      std::uint64_t w = 0;
+      for (int i = 0; i < 8; ++i) w |= ((v >> (i * b + (b - nb))) & mask) << (i * nb);
+      put_group(o, nb, w);
+    }
+    // outlier values, channels and the token id follow the codes in both records
+    const std::size_t tail = 3 * std::size_t(Q::outliers(d)) + std::size_t(id_bytes);
+    const std::byte* ts = src + 4 + code_bytes(d, b);
+    std::byte* td = dst + 4 + code_bytes(d, nb);
+    for (std::size_t i = 0; i < tail; ++i) td[i] = ts[i];
   }
   /// The token's reconstruction x[0, d) (Q::decode per channel, then the exact outliers).
   KVC_HOST_DEVICE static void decode(const std::byte* r, int d, int b, float* x) noexcept {

@@ -100,15 +100,14 @@ void decode_attention(const Cache& cache, int layer, int nseq, int query_heads, 
                                                   out, opt, stream);
 }
 
-/// The same, dispatching the cache's head dimension at run time to the kernels of `HeadDims...`
-/// (default: all of kHeadDims; name fewer to compile fewer). Throws for another head dimension.
-template <int... HeadDims, class Cache, class QT>
-void decode_attention_any(const Cache& cache, int layer, int nseq, int query_heads, const QT* q, QT* out,
-                          const DecodeOptions& opt = {}, cudaStream_t stream = nullptr) {
-  const int d = cache.config().head_dim;
+namespace detail {
+/// Calls f.template operator()<D>() for the D among HeadDims... (none given: kHeadDims) that equals d; throws
+/// kvc::Error naming the head dim otherwise. `what` names the kernel in the message.
+template <int... HeadDims, class F>
+void with_head_dim(int d, F&& f, const char* what) {
   auto one = [&]<int D>() {
     if (d != D) return false;
-    decode_attention<D>(cache, layer, nseq, query_heads, q, out, opt, stream);
+    f.template operator()<D>();
     return true;
   };
   bool done;
@@ -117,7 +116,18 @@ void decode_attention_any(const Cache& cache, int layer, int nseq, int query_hea
             one.template operator()<128>() || one.template operator()<256>());
   else
     done = (one.template operator()<HeadDims>() || ...);
-  KVC_CHECK(done, Errc::kInvalidArgument, "head_dim ", d, " has no CUDA decode kernel here (compiled: 64, 80, 96, 128, 256 "
-            "or the HeadDims given)");
+  KVC_CHECK(done, Errc::kInvalidArgument, "head_dim ", d, " has no CUDA ", what,
+            " kernel here (compiled: 64, 80, 96, 128, 256 or the HeadDims given)");
+}
+}  // namespace detail
+
+/// The same, dispatching the cache's head dimension at run time to the kernels of `HeadDims...`
+/// (default: all of kHeadDims; name fewer to compile fewer). Throws for another head dimension.
+template <int... HeadDims, class Cache, class QT>
+void decode_attention_any(const Cache& cache, int layer, int nseq, int query_heads, const QT* q, QT* out,
+                          const DecodeOptions& opt = {}, cudaStream_t stream = nullptr) {
+  detail::with_head_dim<HeadDims...>(
+      cache.config().head_dim,
+      [&]<int D>() { decode_attention<D>(cache, layer, nseq, query_heads, q, out, opt, stream); }, "decode");
 }
 }  // namespace kvc::cuda

@@ -92,19 +92,9 @@ void decode_attention(const DeviceQaqCache<Q>& cache, int layer, int nseq, int q
 template <int... HeadDims, class Q, class QT>
 void decode_attention_any(const DeviceQaqCache<Q>& cache, int layer, int nseq, int query_heads, const QT* q, QT* out,
                           float* probs, int probs_stride, const DecodeOptions& opt = {}, cudaStream_t stream = nullptr) {
-  const int d = cache.config().head_dim;
-  auto one = [&]<int D>() {
-    if (d != D) return false;
-    decode_attention<D>(cache, layer, nseq, query_heads, q, out, probs, probs_stride, opt, stream);
-    return true;
-  };
-  bool done;
-  if constexpr (sizeof...(HeadDims) == 0)
-    done = (one.template operator()<64>() || one.template operator()<80>() || one.template operator()<96>() ||
-            one.template operator()<128>() || one.template operator()<256>());
-  else
-    done = (one.template operator()<HeadDims>() || ...);
-  KVC_CHECK(done, Errc::kInvalidArgument, "head_dim ", d, " has no CUDA QAQ kernel here (compiled: 64, 80, 96, 128, 256 "
-            "or the HeadDims given)");
+  detail::with_head_dim<HeadDims...>(
+      cache.config().head_dim,
+      [&]<int D>() { decode_attention<D>(cache, layer, nseq, query_heads, q, out, probs, probs_stride, opt, stream); },
+      "QAQ");
 }
 }  // namespace kvc::cuda
