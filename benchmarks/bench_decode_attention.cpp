@@ -199,7 +199,7 @@ std::unique_ptr<QaqBench> build_qaq(int tokens, const std::vector<std::vector<fl
         const auto& hist = cache->histories(0, 0, h);
         cache->for_each_record(side == 0 ? cache->keys(0, 0, h) : cache->values(0, 0, h),
                                [&](const std::byte* r, int, std::uint32_t tok) {
-                                 sum += QaqBench::width(hist[tok], QaqBench::record::meta(r), rule, side == 0);
+                                 sum += QaqBench::quantizer::width(hist[tok], QaqBench::record::meta(r), rule, side == 0);
                                  n += 1.0;
                                });
       }

@@ -38,13 +38,9 @@ struct Arena {
     std::size_t offset;
   };
   KVC_HOST_DEVICE static Slot slot(const std::uint32_t* n, std::uint32_t i, int d, int id_bytes) noexcept {
-    std::size_t o = 0;
     int w = kMinBits;
-    for (; w < Q::kMaxBits && i >= n[w - kMinBits]; ++w) {
-      i -= n[w - kMinBits];
-      o += std::size_t(n[w - kMinBits]) * record::bytes(d, w, id_bytes);
-    }
-    return {w, o + std::size_t(i) * record::bytes(d, w, id_bytes)};
+    for (; w < Q::kMaxBits && i >= n[w - kMinBits]; ++w) i -= n[w - kMinBits];
+    return {w, bucket_offset(n, w, d, id_bytes) + std::size_t(i) * record::bytes(d, w, id_bytes)};
   }
 };
 }  // namespace kvc::qaq

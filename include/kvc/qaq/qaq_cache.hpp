@@ -181,14 +181,6 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     }
   }
 
-  /// The width `rule` (this stream's at this step) gives a token with history `hist` and metadata m (keys:
-  /// `key`): B_max until the history holds n observations (SPEC §2.4 [code]).
-  [[nodiscard]] static int width(const history& hist, QuantMeta m, const qaq::StepWidths<Bounds>& rule, bool key) noexcept {
-    if (!hist.full()) return BMax;
-    const double range = quantizer::range_bound(m);
-    return key ? rule.key(range) : rule.value(range, hist.s_hat_code());
-  }
-
   /// Forgets sequence `seq` in every layer.
   void clear(int seq) {
     check_index(0, seq);
@@ -289,16 +281,10 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   }
   /// Quantizes a mirror row and appends its record at width b.
   void put(Side& sd, const half_t* row, int b, std::uint32_t id) {
-    const int d = cfg_.head_dim;
-    float x[quantizer::kMaxHeadDim];
-    std::uint8_t codes[quantizer::kMaxHeadDim], idx[quantizer::kMaxHeadDim];
-    half_t val[quantizer::kMaxHeadDim];
-    for (int c = 0; c < d; ++c) x[c] = row[c].to_float();
-    const QuantMeta m = quantizer::quantize(x, d, codes, idx, val);
     std::vector<std::byte>& bk = sd.bucket[std::size_t(b - BMin)];
     const std::size_t at = bk.size();
-    bk.resize(at + record::bytes(d, b, id_bytes_));
-    record::write(bk.data() + at, d, b, id_bytes_, m, codes, BMax, val, idx, id);
+    bk.resize(at + record::bytes(cfg_.head_dim, b, id_bytes_));
+    record::write_row(bk.data() + at, cfg_.head_dim, b, id_bytes_, row, id);
   }
   /// Re-derives every record's width of one stream side and moves the records that change, in place: each
   /// bucket is compacted over the records that stay, the movers (lowered by a shift, or raised from the
@@ -317,7 +303,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       for (std::size_t o = 0; o < bk.size(); o += rb) {
         const std::byte* r = bk.data() + o;
         const std::uint32_t t = record::token(r, d, b, id_bytes_);
-        const int nb = width(hist[t], record::meta(r), rule, key);
+        const int nb = quantizer::width(hist[t], record::meta(r), rule, key);
         if (nb == b) {
           if (keep != o) std::memmove(bk.data() + keep, r, rb);
           keep += rb;

@@ -104,6 +104,14 @@ struct QaqQuantizer {
   KVC_HOST_DEVICE static double range_bound(QuantMeta m) noexcept {
     return double(m.step.to_float()) * double(1u << BMax);
   }
+  /// The width the step's `rule` gives a token with history `hist` and metadata m (keys: `key`): B_max until
+  /// the history holds n observations (SPEC §2.4 [code]). The host cache and the device update both use it.
+  KVC_HOST_DEVICE static int width(const history& hist, QuantMeta m, const qaq::StepWidths<Bounds>& rule,
+                                   bool key) noexcept {
+    if (!hist.full()) return BMax;
+    const double range = range_bound(m);
+    return key ? rule.key(range) : rule.value(range, hist.s_hat_code());
+  }
   /// Reconstruction of channel c from its width-b code (outliers not applied).
   KVC_HOST_DEVICE static float decode(QuantMeta m, int b, std::uint8_t code_b) noexcept {
     const Affine a = affine(m, b);

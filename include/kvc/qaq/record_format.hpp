@@ -113,6 +113,17 @@ struct RecordFormat {
     std::byte* t = r + bytes(d, b, id_bytes) - id_bytes;
     for (int i = 0; i < id_bytes; ++i) t[i] = std::byte((token_id >> (8 * i)) & 0xffu);
   }
+  /// Quantizes the fp16 row x[0, d) (a mirror row) with Q and writes its record at width b: what appending it
+  /// at B_max and lowering to b gives (Q's codes nest), and what a raise from the mirror writes.
+  KVC_HOST_DEVICE static void write_row(std::byte* r, int d, int b, int id_bytes, const half_t* row,
+                                        std::uint32_t token_id) noexcept {
+    float x[Q::kMaxHeadDim] = {};  // zeroed: GCC cannot see that quantize reads only x[0, d)
+    std::uint8_t codes8[Q::kMaxHeadDim], idx[Q::kMaxHeadDim];
+    half_t val[Q::kMaxHeadDim];
+    for (int c = 0; c < d; ++c) x[c] = row[c].to_float();
+    const QuantMeta m = Q::quantize(x, d, codes8, idx, val);
+    write(r, d, b, id_bytes, m, codes8, Q::kMaxBits, val, idx, token_id);
+  }
   /// Re-writes record `src` (width b) as `dst` at width nb < b: a shift of every code (exactly what quantizing
   /// the original at nb gives); metadata, outliers and token unchanged.
   KVC_HOST_DEVICE static void lower(const std::byte* src, int b, std::byte* dst, int nb, int d, int id_bytes) noexcept {

@@ -55,15 +55,9 @@ __global__ void append_kernel(const __grid_constant__ Params<Q> p, int seq, int 
   const int side = i % 2, h = (i / 2) % p.kv_heads, t = i / (2 * p.kv_heads);
   const int s = seq * p.kv_heads + h, d = p.head_dim;
   const std::uint32_t* n = p.counts_of(s, side);
-  float x[Q::kMaxHeadDim];
-  std::uint8_t codes[Q::kMaxHeadDim], idx[Q::kMaxHeadDim];
-  half_t val[Q::kMaxHeadDim];
-  const half_t* row = p.mirror_row(s, side, n0 + t);
-  for (int c = 0; c < d; ++c) x[c] = row[c].to_float();
-  const QuantMeta m = Q::quantize(x, d, codes, idx, val);
   std::byte* dst = p.arena_of(s, side) + Params<Q>::arena::bucket_offset(n, Q::kMaxBits, d, p.id_bytes) +
                    (std::size_t(n[Params<Q>::kWidths - 1]) + t) * record::bytes(d, Q::kMaxBits, p.id_bytes);
-  record::write(dst, d, Q::kMaxBits, p.id_bytes, m, codes, Q::kMaxBits, val, idx, std::uint32_t(n0 + t));
+  record::write_row(dst, d, Q::kMaxBits, p.id_bytes, p.mirror_row(s, side, n0 + t), std::uint32_t(n0 + t));
   if (side == 0) p.hist[std::size_t(s) * p.capacity + n0 + t].reset();
 }
 
@@ -147,12 +141,7 @@ __global__ void __launch_bounds__(kUpdateThreads)
     *r = src + sl.offset;
     *b = sl.width;
     const std::uint32_t tok = record::token(*r, d, sl.width, p.id_bytes);
-    const auto& hs = p.hist[std::size_t(s) * p.capacity + tok];
-    if (!hs.full()) *nb = Q::kMaxBits;
-    else {
-      const double range = Q::range_bound(record::meta(*r));
-      *nb = key ? rule.key(range) : rule.value(range, hs.s_hat_code());
-    }
+    *nb = Q::width(p.hist[std::size_t(s) * p.capacity + tok], record::meta(*r), rule, key);
     return 2 * (*nb - BMin) + (*nb != *b ? 1 : 0);
   };
   // pass 1: records per category, hence the new bucket offsets
@@ -188,13 +177,7 @@ __global__ void __launch_bounds__(kUpdateThreads)
         record::lower(r, b, dst, nb, d, p.id_bytes);
       } else {
         const std::uint32_t tok = record::token(r, d, b, p.id_bytes);
-        float x[Q::kMaxHeadDim];
-        std::uint8_t codes[Q::kMaxHeadDim], idx[Q::kMaxHeadDim];
-        half_t val[Q::kMaxHeadDim];
-        const half_t* row = p.mirror_row(s, side, int(tok));
-        for (int c = 0; c < d; ++c) x[c] = row[c].to_float();
-        const QuantMeta m = Q::quantize(x, d, codes, idx, val);
-        record::write(dst, d, nb, p.id_bytes, m, codes, Q::kMaxBits, val, idx, tok);
+        record::write_row(dst, d, nb, p.id_bytes, p.mirror_row(s, side, int(tok)), tok);
       }
     }
     __syncthreads();
