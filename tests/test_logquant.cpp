@@ -146,8 +146,9 @@ TYPED_TEST(LogQuantCache, StorageFollowsAlgorithm1AndEachTokenIsQuantizedOnce) {
         for (int h = 0; h < H; ++h) {
           const std::size_t i = (std::size_t(pos) * H + h) * d;
           ASSERT_EQ(bool(info.v_quantized[i]), pos < n - Sel::kValueWindow) << "value " << pos << " after token " << t;
-          if (!info.v_quantized[i])
+          if (!info.v_quantized[i]) {
             ASSERT_EQ(dq.v[i], storage_round<typename Cache::window_t>(orig.v[i])) << "value " << pos;
+          }
         }
     }
     while (int(blocks.size()) < nb) blocks.push_back(block_bytes(int(blocks.size())));

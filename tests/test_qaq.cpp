@@ -123,10 +123,42 @@ TEST(QaqHistory, ProbabilityCodesRoundTowardLargerProbabilities) {
   std::uniform_real_distribution<float> e(0.0f, 31.0f);
   for (int i = 0; i < 2000; ++i) {
     const float p = std::exp2(-e(rng));
-    const float back = ProbCode::decode(ProbCode::encode(p));
-    EXPECT_GE(back, p * (1.0f - 1e-6f)) << p;
+    const std::uint8_t c = ProbCode::encode(p);
+    const float back = ProbCode::decode(c);
+    EXPECT_GE(back, p) << p;  // the tightest code whose probability is >= p
+    if (c < 254) {
+      EXPECT_LT(ProbCode::decode(std::uint8_t(c + 1)), p) << p;
+    }
     EXPECT_LE(back, p * std::exp2(1.0f / 8.0f) * (1.0f + 1e-6f)) << p;
   }
+  // at and next to every code's own probability
+  for (int c = 0; c < 255; ++c) {
+    const float p = ProbCode::decode(std::uint8_t(c));
+    EXPECT_EQ(ProbCode::encode(p), c);
+    EXPECT_EQ(ProbCode::encode(std::nextafter(p, 0.0f)), c);
+    if (c > 0) {
+      EXPECT_EQ(ProbCode::encode(std::nextafter(p, 1.0f)), c - 1);
+    }
+  }
+}
+
+// ceil(log2(ratio)) clamped: exact at and next to powers of two, and at the extremes.
+TEST(QaqWidth, WidthForRatioIsTheClampedCeilLog2) {
+  using kvc::qaq::width_for_ratio;
+  for (int k = -3; k <= 11; ++k) {
+    const double p = std::ldexp(1.0, k);
+    const int at = std::clamp(k, 1, 8), above = std::clamp(k + 1, 1, 8);
+    EXPECT_EQ(width_for_ratio(p, {1, 8}), at) << k;
+    EXPECT_EQ(width_for_ratio(std::nextafter(p, 1e300), {1, 8}), above) << k;
+    EXPECT_EQ(width_for_ratio(std::nextafter(p, 0.0), {1, 8}), at) << k;
+  }
+  EXPECT_EQ(width_for_ratio(5.0, {3, 6}), 3);
+  EXPECT_EQ(width_for_ratio(100.0, {3, 6}), 6);
+  EXPECT_EQ(width_for_ratio(4.9e-324, {1, 8}), 1);
+  EXPECT_EQ(width_for_ratio(std::numeric_limits<double>::infinity(), {1, 8}), 8);
+  EXPECT_EQ(width_for_ratio(std::numeric_limits<double>::quiet_NaN(), {2, 7}), 7);
+  EXPECT_EQ(width_for_ratio(0.0, {2, 7}), 2);
+  EXPECT_EQ(width_for_ratio(-1.0, {2, 7}), 2);
 }
 
 TEST(QaqHistory, MaxOfTheLastNObservations) {
@@ -321,6 +353,39 @@ TEST(QaqRecord, PackedCodesReadBackAtEveryWidth) {
           EXPECT_EQ(R::token(low.data(), d, b - 1, id_bytes), R::token(rec.data(), d, b, id_bytes));
         }
       }
+}
+
+// Raising re-encodes only the codes from the mirror row, with the record's metadata and outliers: it must equal
+// quantizing the row afresh at the new width, byte for byte, for every (b, nb), including zero-range rows,
+// fp16-subnormal steps, ties among the extremes, and values at the fp16 limits.
+TEST(QaqRecord, RaiseEqualsWriteRowFromTheMirror) {
+  using Q = kvc::QaqQuantizer<>;
+  using R = kvc::qaq::RecordFormat<Q>;
+  std::mt19937 rng(33);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  for (int d : {16, 64, 80, 128, 256})
+    for (int kind = 0; kind < 5; ++kind) {
+      std::vector<kvc::half_t> row(static_cast<std::size_t>(d));
+      for (int c = 0; c < d; ++c) {
+        float x = g(rng);
+        if (kind == 1) x = 1.25f;                       // zero range
+        if (kind == 2) x = 1e-6f * x;                   // subnormal step
+        if (kind == 3) x = float(int(x * 2.0f)) / 2.0f;  // many ties
+        if (kind == 4) x = (c % 3 == 0 ? 65504.0f : -65504.0f) * (c % 5 == 0 ? 1.0f : 0.5f);
+        row[std::size_t(c)] = kvc::half_t::from_float(x);
+      }
+      for (int id_bytes : {2, 4})
+        for (int b = 1; b < 8; ++b) {
+          std::vector<std::byte> low(R::bytes(d, b, id_bytes));
+          R::write_row(low.data(), d, b, id_bytes, row.data(), 1234u);
+          for (int nb = b + 1; nb <= 8; ++nb) {
+            std::vector<std::byte> raised(R::bytes(d, nb, id_bytes)), fresh(raised.size());
+            R::raise(low.data(), b, raised.data(), nb, d, id_bytes, row.data());
+            R::write_row(fresh.data(), d, nb, id_bytes, row.data(), 1234u);
+            ASSERT_EQ(raised, fresh) << "d " << d << " kind " << kind << " b " << b << " -> " << nb;
+          }
+        }
+    }
 }
 
 TEST(QaqQuantizer, ZeroRangeTokensReconstructExactly) {

@@ -29,6 +29,11 @@ KVC_HOST_DEVICE float bits_float(std::uint32_t u) noexcept {
   std::memcpy(&f, &u, sizeof f);
   return f;
 }
+KVC_HOST_DEVICE std::uint64_t double_bits(double x) noexcept {
+  std::uint64_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
 
 /// IEEE float -> binary16, round to nearest even: the classic bit-exact algorithm on the host, the
 /// hardware conversion (same rounding; NaN payloads may differ) on the device.

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <kvc/config.hpp>
+#include <kvc/core/numeric.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -41,17 +42,14 @@ struct WidthRange {
 inline constexpr double kTwoSqrt3 = 3.4641016151377545870548926830117;
 
 /// Smallest b in [r.min, r.max] with ratio <= 2^b, i.e. clamp(ceil(log2(ratio))). ratio <= 0 (zero range,
-/// infinite sigma) gives r.min, NaN gives r.max.
+/// infinite sigma) gives r.min, NaN gives r.max. Read off the binary exponent: ratio = 1.f x 2^e needs
+/// b = e, plus one when f != 0 (subnormals and +inf land outside [1, 8] and clamp).
 KVC_HOST_DEVICE int width_for_ratio(double ratio, WidthRange r) noexcept {
   if (ratio != ratio) return r.max;
   if (!(ratio > 0.0)) return r.min;
-  int b = r.min;
-  double limit = double(1u << r.min);
-  while (b < r.max && ratio > limit) {
-    ++b;
-    limit *= 2.0;
-  }
-  return b;
+  const std::uint64_t u = detail::double_bits(ratio);
+  const int b = int((u >> 52) & 0x7ffu) - 1023 + ((u & 0xfffffffffffffull) != 0 ? 1 : 0);
+  return b < r.min ? r.min : (b > r.max ? r.max : b);
 }
 
 /// The paper's bounds (QAQ, SPEC §2.3).
@@ -114,18 +112,26 @@ struct StepWidths {
 };
 
 /// One token's attention history (SPEC §2.4): the last n probabilities it received, as 8-bit codes of
-/// -log2(p) in 1/8 binades rounded toward larger p (decoded p >= true p, at most 2^(1/8) = 9 % above it;
+/// -log2(p) in 1/8 binades rounded toward larger p (the largest code whose decoded p is >= the true p, checked
+/// for every float p; at most 2^(1/8) = 9 % above it;
 /// the width depends on S^ only through ceil(log2), so the rounding moves a token up by at most one
 /// width, never down). Code 255 stands for p < 2^-31.75, treated as 0 (SPEC's S^ == 0 guard: B_min; at any
 /// T <= 2^40 such a token's value error is below 2^-11 of sigma_X per unit range). Host+device.
 struct ProbCode {
   static constexpr int kStepsPerBinade = 8;
   static constexpr std::uint8_t kZero = 255;
+  /// floor(-8 log2 p), without a log: p = m 2^e (m in [1, 2)) gives -8 e - j with j = ceil(8 log2 m), the
+  /// number of thresholds 2^(k/8), k in [0, 8), below m.
   KVC_HOST_DEVICE static std::uint8_t encode(float p) noexcept {
     if (!(p > 0.0f)) return kZero;
     if (p >= 1.0f) return 0;
-    const float c = std::floor(-std::log2(p) * float(kStepsPerBinade));
-    return c >= float(kZero) ? kZero : static_cast<std::uint8_t>(c);
+    const std::uint32_t u = detail::float_bits(p);
+    const int e = int(u >> 23) - 127;  // p < 1: sign 0, e <= -1; subnormals give -127 and end at kZero
+    const float m = detail::bits_float((u & 0x7fffffu) | 0x3f800000u);
+    const int j = (m > 1.0f) + (m > 1.09050773f) + (m > 1.18920712f) + (m > 1.29683955f) + (m > 1.41421356f) +
+                  (m > 1.54221083f) + (m > 1.68179283f) + (m > 1.83400809f);
+    const int c = -kStepsPerBinade * e - j;
+    return c >= int(kZero) ? kZero : static_cast<std::uint8_t>(c);
   }
   KVC_HOST_DEVICE static float decode(std::uint8_t c) noexcept {
     return c == kZero ? 0.0f : std::exp2(-float(c) / float(kStepsPerBinade));

@@ -6,10 +6,10 @@
 /// records (qaq/record_format.hpp), each one token at width b, in any order (attention is permutation-
 /// invariant; a record names its token). Beside them, per token: its attention history (the last n
 /// probabilities as 8-bit codes, qaq::AttentionHistory) and, in a separate buffer, the full-precision
-/// mirror (the original K and V as fp16) from which raised widths are re-quantized.
+/// mirror (the original K and V as fp16) from which raised widths are re-encoded.
 /// Life of a token: append() quantizes it at BMax (fewer than n observations: SPEC §2.4 [code]); after
 /// every decode step, update_widths() records the step's probabilities (decode_attention hands them back)
-/// and moves every token whose width changed: lowering shifts its codes, raising re-quantizes the mirror.
+/// and moves every token whose width changed: lowering shifts its codes, raising re-encodes them from the mirror.
 /// Accounting: stored_bytes() counts the records (codes, lo/step, outliers with their channels, token ids)
 /// and the attention histories: the compressed cache that decode reads and updates. mirror_bytes()
 /// reports the mirror separately (SPEC §2.10; host memory in the paper). bits_per_element() uses
@@ -27,12 +27,17 @@
 #include <kvc/qaq/record_format.hpp>
 #include <kvc/qaq/setup_checks.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#if KVC_HAS_OPENMP()
+#  include <omp.h>
+#endif
 
 namespace kvc {
 
@@ -147,7 +152,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
 
   /// SPEC §2.6 after a decode step of `layer`: records every token's probability (probs from
   /// decode_attention), then moves each token whose width changes (lowering: a shift of its codes;
-  /// raising: re-quantized from the mirror). Probabilities must be finite and in [0, 1]; validated first.
+  /// raising: codes re-encoded from the mirror). Probabilities must be finite and in [0, 1]; validated first.
   void update_widths(int layer, const qaq::TokenProbs& probs) {
     check_index(layer, 0);
     KVC_CHECK(probs.batch == cfg_.batch && probs.kv_heads == cfg_.kv_heads, Errc::kInvalidArgument,
@@ -167,7 +172,10 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     if constexpr (!kAdaptive) return;
     const int streams = cfg_.batch * cfg_.kv_heads;
 #if KVC_HAS_OPENMP()
+    staging_.resize(std::size_t(std::max(1, omp_get_max_threads())));
 #  pragma omp parallel for schedule(dynamic, 1) if (streams > 1)
+#else
+    staging_.resize(1);
 #endif
     for (int i = 0; i < streams; ++i) {
       const int s = i / cfg_.kv_heads, h = i % cfg_.kv_heads, T = lengths_[std::size_t(layer) * cfg_.batch + s];
@@ -176,8 +184,13 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       for (int t = 0; t < T; ++t) hist_[st][std::size_t(t)].push(p[t]);
       const qaq::StepWidths<Bounds> rule(T, targets_.key_sigma_s, double(calib_.at(layer, h)),
                                                              targets_.value_sigma_x, quantizer::widths());
-      rebucket(st, true, rule);
-      rebucket(st, false, rule);
+#if KVC_HAS_OPENMP()
+      Side& moved = staging_[std::size_t(omp_get_thread_num())];
+#else
+      Side& moved = staging_[0];
+#endif
+      rebucket(st, true, rule, moved);
+      rebucket(st, false, rule, moved);
     }
   }
 
@@ -287,35 +300,39 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     record::write_row(bk.data() + at, cfg_.head_dim, b, id_bytes_, row, id);
   }
   /// Re-derives every record's width of one stream side and moves the records that change, in place: each
-  /// bucket is compacted over the records that stay, the movers (lowered by a shift, or raised from the
-  /// mirror) are staged and appended to their new buckets afterwards. Reads every record's metadata and
-  /// token; writes only the records that move (and the compaction).
-  void rebucket(std::size_t st, bool key, const qaq::StepWidths<Bounds>& rule) {
+  /// bucket is compacted over the records that stay (one memmove per run of them), the movers (lowered by a
+  /// shift, or raised from the mirror: RecordFormat::raise) are staged and appended to their new buckets
+  /// afterwards. Reads every record's metadata and
+  /// token; writes only the records that move (and the compaction). `moved`: the calling thread's staging.
+  void rebucket(std::size_t st, bool key, const qaq::StepWidths<Bounds>& rule, Side& moved) {
     const int d = cfg_.head_dim;
     Side& sd = key ? keys_[st] : values_[st];
     const std::vector<half_t>& mirror = key ? mirror_k_[st] : mirror_v_[st];
     const std::vector<history>& hist = hist_[st];
-    Side moved;
+    for (auto& bk : moved.bucket) bk.clear();  // keeps its capacity: no allocation (and page faults) per step
     for (int b = BMin; b <= BMax; ++b) {
       const std::size_t rb = record::bytes(d, b, id_bytes_);
       std::vector<std::byte>& bk = sd.bucket[std::size_t(b - BMin)];
-      std::size_t keep = 0;
+      // records [run, o) stay and are not yet moved down to `keep` (moved as one block per run)
+      std::size_t keep = 0, run = 0;
+      auto flush_run = [&](std::size_t end) {
+        if (keep != run && end > run) std::memmove(bk.data() + keep, bk.data() + run, end - run);
+        keep += end - run;
+      };
       for (std::size_t o = 0; o < bk.size(); o += rb) {
         const std::byte* r = bk.data() + o;
         const std::uint32_t t = record::token(r, d, b, id_bytes_);
         const int nb = quantizer::width(hist[t], record::meta(r), rule, key);
-        if (nb == b) {
-          if (keep != o) std::memmove(bk.data() + keep, r, rb);
-          keep += rb;
-        } else if (nb < b) {
-          std::vector<std::byte>& dst = moved.bucket[std::size_t(nb - BMin)];
-          const std::size_t at = dst.size();
-          dst.resize(at + record::bytes(d, nb, id_bytes_));
-          record::lower(r, b, dst.data() + at, nb, d, id_bytes_);
-        } else {
-          put(moved, mirror.data() + std::size_t(t) * d, nb, t);
-        }
+        if (nb == b) continue;
+        flush_run(o);
+        run = o + rb;
+        std::vector<std::byte>& dst = moved.bucket[std::size_t(nb - BMin)];
+        const std::size_t at = dst.size();
+        dst.resize(at + record::bytes(d, nb, id_bytes_));
+        if (nb < b) record::lower(r, b, dst.data() + at, nb, d, id_bytes_);
+        else record::raise(r, b, dst.data() + at, nb, d, id_bytes_, mirror.data() + std::size_t(t) * d);
       }
+      flush_run(bk.size());
       bk.resize(keep);
     }
     for (int b = 0; b < kWidths; ++b) {
@@ -332,5 +349,6 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   std::vector<std::vector<history>> hist_;
   std::vector<std::vector<half_t>> mirror_k_, mirror_v_;
   std::vector<int> lengths_;
+  std::vector<Side> staging_;  // update_widths' per-thread staging of the movers (scratch, not cache state)
 };
 }  // namespace kvc

@@ -138,11 +138,40 @@ struct RecordFormat {
       for (int i = 0; i < 8; ++i) w |= ((v >> (i * b + (b - nb))) & mask) << (i * nb);
       put_group(o, nb, w);
     }
-    // outlier values, channels and the token id follow the codes in both records
+    copy_tail(src, b, dst, nb, d, id_bytes);
+  }
+  /// Copies what follows the codes (outlier values, channels, token id) from a width-b record to a width-nb one.
+  KVC_HOST_DEVICE static void copy_tail(const std::byte* src, int b, std::byte* dst, int nb, int d, int id_bytes) noexcept {
     const std::size_t tail = 3 * std::size_t(Q::outliers(d)) + std::size_t(id_bytes);
     const std::byte* ts = src + 4 + code_bytes(d, b);
     std::byte* td = dst + 4 + code_bytes(d, nb);
     for (std::size_t i = 0; i < tail; ++i) td[i] = ts[i];
+  }
+  /// Re-writes record `src` (width b) as `dst` at width nb > b from the token's mirror row (the fp16 values
+  /// it was quantized from): every channel re-encoded at B_max with the record's own (lo, step_max) and the
+  /// reciprocal quantize used, then narrowed to nb; metadata, outliers and token copied. The outlier scan
+  /// and the range are not redone, as neither depends on the width: the result equals write_row(dst, d, nb,
+  /// id_bytes, row, token) byte for byte (tested).
+  KVC_HOST_DEVICE static void raise(const std::byte* src, int b, std::byte* dst, int nb, int d, int id_bytes,
+                                    const half_t* row) noexcept {
+    for (int i = 0; i < 4; ++i) dst[i] = src[i];  // lo, step
+    const QuantMeta m = meta(src);
+    const float step = m.step.to_float();
+    const float inv = step > 0.0f ? div_rounded(1.0f, step) : 0.0f;
+    auto* o = reinterpret_cast<std::uint8_t*>(dst + 4);
+    for (int c0 = 0; c0 < d; c0 += 8, o += nb) {
+      float x[8];
+#if defined(__CUDA_ARCH__)
+      for (int i = 0; i < 8; ++i) x[i] = row[c0 + i].to_float();
+#else
+      convert(row + c0, x, 8);
+#endif
+      std::uint64_t w = 0;
+      for (int i = 0; i < 8; ++i)
+        w |= std::uint64_t(Q::narrow(Q::codec::encode(x[i], m, inv, Q::kMaxBits), nb)) << (i * nb);
+      put_group(o, nb, w);
+    }
+    copy_tail(src, b, dst, nb, d, id_bytes);
   }
   /// The token's reconstruction x[0, d) (Q::decode per channel, then the exact outliers).
   KVC_HOST_DEVICE static void decode(const std::byte* r, int d, int b, float* x) noexcept {

@@ -3,9 +3,10 @@
 /// `CompressedKVCache<QaqQuantizer<...>>` (qaq/qaq_cache.hpp) with the same records, histories and rule.
 ///   - Storage: per (layer, sequence, KV head) and side one arena (qaq/arena.hpp): the width buckets back to
 ///     back, so a bucket holds exactly the host bucket's bytes; record counts per width on the device.
-///   - Mirror: the fp16 K/V every raise re-quantizes from. MirrorPlace::kHost (default, SPEC §2.10 and the
-///     paper): mapped pinned host memory that the update kernel reads directly, only the rows of raised
-///     tokens, asynchronously on the stream; MirrorPlace::kDevice keeps it in device memory.
+///   - Mirror: the fp16 K/V a raise re-encodes its codes from (RecordFormat::raise). MirrorPlace::kHost
+///     (default, SPEC §2.10 and the paper): mapped pinned host memory that the update kernel reads directly,
+///     only the rows of raised tokens, asynchronously on the stream; MirrorPlace::kDevice keeps it in device
+///     memory.
 ///   - append() quantizes new tokens at B_max on the device; decode_attention (qaq/decode_attention.cuh)
 ///     hands back each token's probability; update_widths() pushes them into the histories and rebuckets
 ///     every stream side with the host's rule (qaq::StepWidths), lowering by a shift and raising from the

@@ -176,8 +176,7 @@ __global__ void __launch_bounds__(kUpdateThreads)
       } else if (nb < b) {
         record::lower(r, b, dst, nb, d, p.id_bytes);
       } else {
-        const std::uint32_t tok = record::token(r, d, b, p.id_bytes);
-        record::write_row(dst, d, nb, p.id_bytes, p.mirror_row(s, side, int(tok)), tok);
+        record::raise(r, b, dst, nb, d, p.id_bytes, p.mirror_row(s, side, int(record::token(r, d, b, p.id_bytes))));
       }
     }
     __syncthreads();
