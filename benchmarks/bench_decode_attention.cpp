@@ -13,7 +13,8 @@
 //                                        on this data (after 16 decode steps with varied queries fill the histories)
 //   BM_QaqUpdateWidths/T:<n>             QAQ's per-step width update of that cache (history push, width rule,
 //                                        moves between buckets), one step's probabilities repeated
-//   BM_QaqDecodeStep/T:<n>               a whole QAQ step (attention + update) with a new query each step
+//   BM_QaqDecodeStep/T:<n>               a whole QAQ step (attention + update) with a new query each step;
+//                                        attention_ms / update_ms: its two halves
 // Counters: bytes_per_second = cache bytes one decode step reads (codes, scales, zeros, windows);
 // bits_per_element = stored bits per K/V element, everything counted.
 #include "bench_util.hpp"
@@ -22,6 +23,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -246,16 +248,26 @@ void BM_QaqDecodeStep(benchmark::State& state) {
   std::vector<float> out(qs[0].size());
   const int heads = kKvHeads * kGqa;
   std::size_t step = 0;
+  double attention_s = 0.0, update_s = 0.0;
+  using clock = std::chrono::steady_clock;
   state.SetLabel(kvc::isa_name(kvc::resolve_isa(kvc::Isa::kAuto)));
   for (auto _ : state) {
     state.PauseTiming();
     kvc_bench::flush_caches();
     state.ResumeTiming();
     const std::vector<float>& q = qs[step++ % qs.size()];
-    kvc::qaq_decode_step(*cache, 0, kvc::QueryView::contiguous(q.data(), 1, heads, kHeadDim),
-                         kvc::OutputView::contiguous(out.data(), 1, heads, kHeadDim), {}, probs);
+    // qaq_decode_step's two halves, timed apart
+    const auto t0 = clock::now();
+    kvc::decode_attention(*cache, 0, kvc::QueryView::contiguous(q.data(), 1, heads, kHeadDim),
+                          kvc::OutputView::contiguous(out.data(), 1, heads, kHeadDim), {}, &probs);
+    const auto t1 = clock::now();
+    cache->update_widths(0, probs);
+    update_s += std::chrono::duration<double>(clock::now() - t1).count();
+    attention_s += std::chrono::duration<double>(t1 - t0).count();
     benchmark::DoNotOptimize(out.data());
   }
+  state.counters["attention_ms"] = 1e3 * attention_s / double(state.iterations());
+  state.counters["update_ms"] = 1e3 * update_s / double(state.iterations());
   state.counters["bytes_per_second"] = benchmark::Counter(
       static_cast<double>(cache->decode_read_bytes(0)) * state.iterations(), benchmark::Counter::kIsRate);
   state.counters["bits_per_element"] = cache->bits_per_element();

@@ -185,12 +185,12 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       const qaq::StepWidths<Bounds> rule(T, targets_.key_sigma_s, double(calib_.at(layer, h)),
                                                              targets_.value_sigma_x, quantizer::widths());
 #if KVC_HAS_OPENMP()
-      Side& moved = staging_[std::size_t(omp_get_thread_num())];
+      Staging& sg = staging_[std::size_t(omp_get_thread_num())];
 #else
-      Side& moved = staging_[0];
+      Staging& sg = staging_[0];
 #endif
-      rebucket(st, true, rule, moved);
-      rebucket(st, false, rule, moved);
+      rebucket(st, true, rule, sg);
+      rebucket(st, false, rule, sg);
     }
   }
 
@@ -283,6 +283,12 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   }
 
  private:
+  /// One thread's scratch of rebucket(), kept between steps (its capacity is reused: no allocation per step).
+  struct Staging {
+    Side moved;                          // the movers, by new width
+    std::vector<std::uint8_t> width;     // new width of every record of the bucket being scanned
+    std::vector<std::uint32_t> raises;   // indices of its records being raised
+  };
   [[nodiscard]] std::size_t stream(int layer, int seq, int head) const noexcept {
     return (std::size_t(layer) * cfg_.batch + seq) * cfg_.kv_heads + head;
   }
@@ -299,44 +305,68 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     bk.resize(at + record::bytes(cfg_.head_dim, b, id_bytes_));
     record::write_row(bk.data() + at, cfg_.head_dim, b, id_bytes_, row, id);
   }
-  /// Re-derives every record's width of one stream side and moves the records that change, in place: each
-  /// bucket is compacted over the records that stay (one memmove per run of them), the movers (lowered by a
-  /// shift, or raised from the mirror: RecordFormat::raise) are staged and appended to their new buckets
-  /// afterwards. Reads every record's metadata and
-  /// token; writes only the records that move (and the compaction). `moved`: the calling thread's staging.
-  void rebucket(std::size_t st, bool key, const qaq::StepWidths<Bounds>& rule, Side& moved) {
+  /// Re-derives every record's width of one stream side and moves the records that change, in place, bucket
+  /// by bucket in two passes. Pass 1 computes every record's new width (the history of the record kAhead
+  /// further on is prefetched: tokens lie in any order, so histories are random reads). Pass 2 compacts the
+  /// bucket over the records that stay (one memmove per run of them) and stages the movers: lowered by a
+  /// shift, or raised from the mirror (RecordFormat::raise; the mirror row of the raise kAhead further on is
+  /// prefetched, as those rows are cold, random reads). The movers are appended to their new buckets at the
+  /// end. Reads every record's metadata and token; writes only the records that move (and the compaction).
+  void rebucket(std::size_t st, bool key, const qaq::StepWidths<Bounds>& rule, Staging& sg) {
+    constexpr std::size_t kAhead = 8;
     const int d = cfg_.head_dim;
     Side& sd = key ? keys_[st] : values_[st];
-    const std::vector<half_t>& mirror = key ? mirror_k_[st] : mirror_v_[st];
-    const std::vector<history>& hist = hist_[st];
-    for (auto& bk : moved.bucket) bk.clear();  // keeps its capacity: no allocation (and page faults) per step
+    const half_t* mirror = (key ? mirror_k_[st] : mirror_v_[st]).data();
+    const history* hist = hist_[st].data();
+    const std::size_t row_bytes = std::size_t(d) * sizeof(half_t);
+    auto prefetch = [](const void* p, std::size_t bytes) {
+      for (std::size_t o = 0; o < bytes; o += 64) __builtin_prefetch(static_cast<const char*>(p) + o, 0, 1);
+    };
+    for (auto& bk : sg.moved.bucket) bk.clear();  // keeps its capacity: no allocation (and page faults) per step
     for (int b = BMin; b <= BMax; ++b) {
       const std::size_t rb = record::bytes(d, b, id_bytes_);
       std::vector<std::byte>& bk = sd.bucket[std::size_t(b - BMin)];
-      // records [run, o) stay and are not yet moved down to `keep` (moved as one block per run)
-      std::size_t keep = 0, run = 0;
+      const std::size_t n = bk.size() / rb;
+      auto token = [&](std::size_t i) { return record::token(bk.data() + i * rb, d, b, id_bytes_); };
+      sg.width.resize(n);
+      sg.raises.clear();
+      for (std::size_t i = 0; i < n; ++i) {
+        if (i + kAhead < n) __builtin_prefetch(hist + token(i + kAhead), 0, 1);
+        const int nb = quantizer::width(hist[token(i)], record::meta(bk.data() + i * rb), rule, key);
+        sg.width[i] = std::uint8_t(nb);
+        if (nb > b) sg.raises.push_back(std::uint32_t(i));
+      }
+      for (std::size_t j = 0; j < std::min(kAhead, sg.raises.size()); ++j)
+        prefetch(mirror + std::size_t(token(sg.raises[j])) * d, row_bytes);
+      // records [run, i) stay and are not yet moved down to `keep` (moved as one block per run)
+      std::size_t keep = 0, run = 0, raised = 0;
       auto flush_run = [&](std::size_t end) {
         if (keep != run && end > run) std::memmove(bk.data() + keep, bk.data() + run, end - run);
         keep += end - run;
       };
-      for (std::size_t o = 0; o < bk.size(); o += rb) {
-        const std::byte* r = bk.data() + o;
-        const std::uint32_t t = record::token(r, d, b, id_bytes_);
-        const int nb = quantizer::width(hist[t], record::meta(r), rule, key);
+      for (std::size_t i = 0; i < n; ++i) {
+        const int nb = sg.width[i];
         if (nb == b) continue;
-        flush_run(o);
-        run = o + rb;
-        std::vector<std::byte>& dst = moved.bucket[std::size_t(nb - BMin)];
+        const std::byte* r = bk.data() + i * rb;
+        flush_run(i * rb);
+        run = (i + 1) * rb;
+        std::vector<std::byte>& dst = sg.moved.bucket[std::size_t(nb - BMin)];
         const std::size_t at = dst.size();
         dst.resize(at + record::bytes(d, nb, id_bytes_));
-        if (nb < b) record::lower(r, b, dst.data() + at, nb, d, id_bytes_);
-        else record::raise(r, b, dst.data() + at, nb, d, id_bytes_, mirror.data() + std::size_t(t) * d);
+        if (nb < b) {
+          record::lower(r, b, dst.data() + at, nb, d, id_bytes_);
+        } else {
+          if (raised + kAhead < sg.raises.size())
+            prefetch(mirror + std::size_t(token(sg.raises[raised + kAhead])) * d, row_bytes);
+          ++raised;
+          record::raise(r, b, dst.data() + at, nb, d, id_bytes_, mirror + std::size_t(token(i)) * d);
+        }
       }
       flush_run(bk.size());
       bk.resize(keep);
     }
     for (int b = 0; b < kWidths; ++b) {
-      const std::vector<std::byte>& src = moved.bucket[std::size_t(b)];
+      const std::vector<std::byte>& src = sg.moved.bucket[std::size_t(b)];
       sd.bucket[std::size_t(b)].insert(sd.bucket[std::size_t(b)].end(), src.begin(), src.end());
     }
   }
@@ -349,6 +379,6 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   std::vector<std::vector<history>> hist_;
   std::vector<std::vector<half_t>> mirror_k_, mirror_v_;
   std::vector<int> lengths_;
-  std::vector<Side> staging_;  // update_widths' per-thread staging of the movers (scratch, not cache state)
+  std::vector<Staging> staging_;  // update_widths' per-thread scratch (not cache state)
 };
 }  // namespace kvc
