@@ -174,15 +174,14 @@ struct RecordFormat {
   }
   /// Re-writes record `src` (width b) as `dst` at width nb > b from the token's mirror row (the fp16 values
   /// it was quantized from): every channel re-encoded at B_max with the record's own (lo, step_max) and the
-  /// reciprocal quantize used, then narrowed to nb; metadata, outliers and token copied. The outlier scan
+  /// reciprocal quantize used (inverse_step), then narrowed to nb; metadata, outliers and token copied. The outlier scan
   /// and the range are not redone, as neither depends on the width: the result equals write_row(dst, d, nb,
   /// id_bytes, row, token) byte for byte (tested).
   KVC_HOST_DEVICE static void raise(const std::byte* src, int b, std::byte* dst, int nb, int d, int id_bytes,
                                     const half_t* row) noexcept {
     for (int i = 0; i < 4; ++i) dst[i] = src[i];  // lo, step
     const QuantMeta m = meta(src);
-    const float step = m.step.to_float();
-    const float inv = step > 0.0f ? div_rounded(1.0f, step) : 0.0f;
+    const float inv = inverse_step(m);
     auto* o = reinterpret_cast<std::uint8_t*>(dst + 4);
     for (int c0 = 0; c0 < d; c0 += 8, o += nb) {
       float x[8];

@@ -85,6 +85,13 @@ concept Codec = requires(float x, QuantMeta m, int b) {
   { C::kZeroOffset } -> std::convertible_to<float>;
 };
 
+/// The reciprocal of m's step that encode() multiplies by (0 for a zero-range group): re-encoding values
+/// against stored metadata with it gives exactly the codes quantize_group gave. Host+device.
+KVC_HOST_DEVICE float inverse_step(QuantMeta m) noexcept {
+  const float step = m.step.to_float();
+  return step > 0.0f ? div_rounded(1.0f, step) : 0.0f;
+}
+
 /// quantize_group with the statistics (lo, hi) taken over the elements where `keep(r, c)` holds
 /// (GEAR: the inliers); every element is still encoded (the others clamp to the range). A group
 /// with no kept element gets lo = hi = 0. Host+device.
@@ -102,8 +109,7 @@ KVC_HOST_DEVICE QuantMeta quantize_group_masked(int rows, int cols, int bits, At
       any = true;
     }
   const QuantMeta m = C::make_meta(lo, hi, bits);
-  const float step = m.step.to_float();
-  const float inv = step > 0.0f ? div_rounded(1.0f, step) : 0.0f;
+  const float inv = inverse_step(m);
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < cols; ++c) put(r, c, C::encode(at(r, c), m, inv, bits));
   return m;
