@@ -1,5 +1,11 @@
-// fp16 / bf16 storage types (core/numeric.hpp): rounding against independent references.
+// fp16 / bf16 storage types (core/numeric.hpp): rounding against independent references; the host allocator
+// for large random-read buffers (core/huge_page_allocator.hpp).
 #include "test_util.hpp"
+
+#include <kvc/core/huge_page_allocator.hpp>
+
+#include <cstdint>
+#include <vector>
 
 #if defined(__F16C__)
 #  include <immintrin.h>
@@ -303,3 +309,19 @@ TEST(Convert, EmptyRangesMayBeNull) {
 }
 
 }  // namespace
+
+// HugePageAllocator: >= 2 MiB allocations are 2 MiB aligned (and advised for huge pages), smaller ones are
+// ordinary; both hold and keep their contents across growth.
+TEST(HugePageAllocator, LargeBuffersAreHugePageAlignedAndHoldTheirContents) {
+  using Vec = std::vector<std::uint16_t, kvc::HugePageAllocator<std::uint16_t>>;
+  Vec small(1000);
+  for (std::size_t i = 0; i < small.size(); ++i) small[i] = std::uint16_t(i);
+  Vec big;
+  for (std::size_t i = 0; i < (std::size_t(3) << 20); ++i) big.push_back(std::uint16_t(i * 7));  // grows past 2 MiB
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(big.data()) % kvc::HugePageAllocator<std::uint16_t>::kHugePage, 0u);
+  for (std::size_t i = 0; i < big.size(); ++i) ASSERT_EQ(big[i], std::uint16_t(i * 7)) << i;
+  for (std::size_t i = 0; i < small.size(); ++i) ASSERT_EQ(small[i], std::uint16_t(i)) << i;
+  Vec moved = std::move(big);
+  EXPECT_EQ(moved.size(), std::size_t(3) << 20);
+  EXPECT_EQ(moved[12345], std::uint16_t(12345 * 7));
+}

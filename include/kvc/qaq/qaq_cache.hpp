@@ -19,6 +19,7 @@
 #include <kvc/config.hpp>
 #include <kvc/cache/compressed_kv_cache.hpp>
 #include <kvc/core/error.hpp>
+#include <kvc/core/huge_page_allocator.hpp>
 #include <kvc/core/numeric.hpp>
 #include <kvc/core/view.hpp>
 #include <kvc/qaq/bit_width.hpp>
@@ -56,6 +57,19 @@ struct TokenProbs {
     return p.data() + (std::size_t(seq) * kv_heads + head) * stride;
   }
 };
+
+/// What update_widths() has done since the cache was made: per side (0 keys, 1 values) the records whose width
+/// was re-derived, and those lowered and raised (moved to another bucket). The share moved per step is what the
+/// update costs beyond its per-record floor.
+struct UpdateStats {
+  std::uint64_t updates = 0;  ///< update_widths() calls
+  std::array<std::uint64_t, 2> records{}, lowered{}, raised{};
+  UpdateStats& operator+=(const UpdateStats& o) noexcept {
+    updates += o.updates;
+    for (int s = 0; s < 2; ++s) records[s] += o.records[s], lowered[s] += o.lowered[s], raised[s] += o.raised[s];
+    return *this;
+  }
+};
 }  // namespace qaq
 
 template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds>
@@ -69,6 +83,9 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   /// outliers, the paper's Fig. 4 baseline): records stay in token order, so they carry no token id, and
   /// there are no attention histories; update_widths() has nothing to do.
   static constexpr bool kAdaptive = BMin < BMax;
+  /// One stream side's mirror, fp16 [length][head_dim]: raises read its rows at random, so long mirrors live
+  /// on huge pages (HugePageAllocator: a 4 KiB page walk per raised row cost more than the raise itself).
+  using mirror_rows = std::vector<half_t, HugePageAllocator<half_t>>;
 
   /// One stream side's buckets; bucket[b - BMin] holds the records of width b.
   struct Side {
@@ -111,7 +128,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     check_index(layer, seq);
     return hist_[stream(layer, seq, head)];
   }
-  [[nodiscard]] const std::vector<half_t>& mirror(int layer, int seq, int head, int side) const {
+  [[nodiscard]] const mirror_rows& mirror(int layer, int seq, int head, int side) const {
     check_index(layer, seq);
     return side == 0 ? mirror_k_[stream(layer, seq, head)] : mirror_v_[stream(layer, seq, head)];
   }
@@ -169,10 +186,11 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
                     s, " KV head ", h, " token ", t, " is ", p, " (must be in [0, 1])");
         }
     }
+    ++updates_;
     if constexpr (!kAdaptive) return;
     const int streams = cfg_.batch * cfg_.kv_heads;
 #if KVC_HAS_OPENMP()
-    staging_.resize(std::size_t(std::max(1, omp_get_max_threads())));
+    staging_.resize(std::max(staging_.size(), std::size_t(std::max(1, omp_get_max_threads()))));
 #  pragma omp parallel for schedule(dynamic, 1) if (streams > 1)
 #else
     staging_.resize(1);
@@ -192,6 +210,14 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       rebucket(st, true, rule, sg);
       rebucket(st, false, rule, sg);
     }
+  }
+
+  /// Counts of every update_widths() so far (qaq::UpdateStats).
+  [[nodiscard]] qaq::UpdateStats update_stats() const {
+    qaq::UpdateStats total;
+    for (const Staging& sg : staging_) total += sg.stats;
+    total.updates = updates_;
+    return total;
   }
 
   /// Forgets sequence `seq` in every layer.
@@ -288,6 +314,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     Side moved;                          // the movers, by new width
     std::vector<std::uint8_t> width;     // new width of every record of the bucket being scanned
     std::vector<std::uint32_t> raises;   // indices of its records being raised
+    qaq::UpdateStats stats;              // this thread's share of update_stats()
   };
   [[nodiscard]] std::size_t stream(int layer, int seq, int head) const noexcept {
     return (std::size_t(layer) * cfg_.batch + seq) * cfg_.kv_heads + head;
@@ -363,6 +390,10 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
         }
       }
       flush_run(bk.size());
+      const int side = key ? 0 : 1;
+      sg.stats.records[side] += n;
+      sg.stats.raised[side] += sg.raises.size();
+      sg.stats.lowered[side] += n - keep / rb - sg.raises.size();
       bk.resize(keep);
     }
     for (int b = 0; b < kWidths; ++b) {
@@ -377,8 +408,9 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   int id_bytes_ = 4;
   std::vector<Side> keys_, values_;
   std::vector<std::vector<history>> hist_;
-  std::vector<std::vector<half_t>> mirror_k_, mirror_v_;
+  std::vector<mirror_rows> mirror_k_, mirror_v_;
   std::vector<int> lengths_;
-  std::vector<Staging> staging_;  // update_widths' per-thread scratch (not cache state)
+  std::vector<Staging> staging_;  // update_widths' per-thread scratch (not cache state) and counts
+  std::uint64_t updates_ = 0;
 };
 }  // namespace kvc

@@ -239,7 +239,7 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>> 
               o += bk.size();
               counts[(st * 2 + side) * kWidths + w] = std::uint32_t(host.records(sd, BMin + w));
             }
-            const std::vector<half_t>& m = host.mirror(l, s, h, side);
+            const auto& m = host.mirror(l, s, h, side);
             std::copy(m.begin(), m.end(), mirror.begin() + std::ptrdiff_t((st * 2 + side) * cfg_.capacity * d));
           }
           const std::vector<history>& hh = host.histories(l, s, h);
