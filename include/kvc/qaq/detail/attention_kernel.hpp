@@ -70,6 +70,68 @@ inline void unpack(const std::byte* r, int d, std::size_t readable, float* __res
 #endif
 }
 
+#if KVC_ISA_LEVEL_ >= 1
+/// Per width W < 8, per 16-bit lane i of a 128-bit lane (code i of an 8-code group): the two bytes whose word
+/// holds code i at bit s = i W % 8, and 2^(16 - s), which mulhi turns into the right shift by s (AVX2 has no
+/// variable 16-bit shift). s == 0 puts the code's byte in the high half instead (s = 8).
+template <int W>
+struct Unpack16Tables {
+  static constexpr std::int8_t byte(int k) noexcept {
+    const int i = k / 2, b = i * W / 8, s = i * W % 8;
+    return std::int8_t(k % 2 == 0 ? (s != 0 ? b : -128) : (s != 0 ? b + 1 : b));
+  }
+  static constexpr std::uint16_t mul(int i) noexcept {
+    const int s = i * W % 8;
+    return std::uint16_t(1u << (16 - (s != 0 ? s : 8)));
+  }
+  alignas(16) static constexpr std::int8_t shuffle[16] = {byte(0), byte(1), byte(2),  byte(3),  byte(4),  byte(5),
+                                                          byte(6), byte(7), byte(8),  byte(9),  byte(10), byte(11),
+                                                          byte(12), byte(13), byte(14), byte(15)};
+  alignas(16) static constexpr std::uint16_t multiplier[8] = {mul(0), mul(1), mul(2), mul(3),
+                                                              mul(4), mul(5), mul(6), mul(7)};
+};
+
+/// The d (multiple of 16) width-W codes of record r as 16-bit integers, 16 per vector (groups 2j and 2j + 1 in
+/// the two 128-bit lanes): per 16 codes one pshufb, one mulhi and one and. `readable` as for unpack().
+template <class R, int W>
+inline void unpack16(const std::byte* r, int d, std::size_t readable, __m256i* out) noexcept {
+  const std::uint8_t* p = R::codes(r);
+  if constexpr (W == 8) {
+    (void)readable;
+    for (int j = 0; j < d / 16; ++j)
+      out[j] = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * j)));
+  } else {
+    using T = Unpack16Tables<W>;
+    const __m256i shuffle = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(T::shuffle)));
+    const __m256i mul = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(T::multiplier)));
+    const __m256i mask = _mm256_set1_epi16((1 << W) - 1);
+    auto word = [&](int gi) {  // group gi's 8 codes: one 8-byte load where 8 bytes are readable
+      std::uint64_t v;
+      if (std::size_t(gi) * W + 8 <= readable) std::memcpy(&v, p + gi * W, 8);
+      else v = R::template group_word<W>(p + gi * W);
+      return static_cast<long long>(v);
+    };
+    for (int j = 0; j < d / 16; ++j) {
+      const __m256i x = _mm256_set_epi64x(0, word(2 * j + 1), 0, word(2 * j));
+      out[j] = _mm256_and_si256(_mm256_mulhi_epu16(_mm256_shuffle_epi8(x, shuffle), mul), mask);
+    }
+  }
+}
+
+/// res[h] = qi_h . codes (int32) for NH <= 4 heads of 16-bit query qi (row stride d): one vpmaddwd per 16
+/// channels and head; exact (|sum| <= 256 * 255 * 32767 < 2^31).
+template <int NH>
+inline __m128i dot16_heads(const std::int16_t* __restrict qi, int d, const __m256i* codes) noexcept {
+  __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+  for (int j = 0; j < d / 16; ++j)
+    for (int h = 0; h < NH; ++h)
+      acc[h] = _mm256_add_epi32(
+          acc[h], _mm256_madd_epi16(codes[j], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qi + std::size_t(h) * d + 16 * j))));
+  const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[0], acc[1]), _mm256_hadd_epi32(acc[2], acc[3]));
+  return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+}
+#endif
+
 /// res[h] = q_h . x for NH heads (q_h = q + h d; d a multiple of the vector width): two accumulators per
 /// head, so 2 NH independent FMA chains hide the FMA latency.
 template <int NH>
@@ -136,7 +198,10 @@ struct Prepared {
   float corr[kMaxOut > 0 ? kMaxOut : 1];
   const std::uint8_t* idx;
   Prepared() = default;
-  Prepared(const std::byte* r, int d, int nout, const float* codes) noexcept {
+  Prepared(const std::byte* r, int d, int nout, const float* codes) noexcept { init(r, d, nout, codes); }
+  /// Fills this in place (assigning a constructed temporary copied it through a narrower store and a wider
+  /// load: a store-forwarding stall per record).
+  void init(const std::byte* r, int d, int nout, const float* codes) noexcept {
     const QuantMeta m = R::meta(r);
     a = R::quantizer::affine(to_float(m.lo), to_float(m.step), W);
     const half_t* ov = R::outlier_values(r, d, W);
@@ -168,6 +233,42 @@ void bucket_scores(const std::byte* bk, std::size_t n, std::size_t rb, Token&& t
   }
 }
 
+#if KVC_ISA_LEVEL_ >= 1
+/// bucket_scores with the codes' dot products in 16-bit integers (Precision::kFast): st.qi is the query rounded
+/// to int16 per head (q_h ~ qscale_h qi_h), so s_t = zero_t sum_c q_c + scale_t qscale_h (qi_h . code_t) + the
+/// outliers' float corrections.
+template <class R, int W, class Token>
+void bucket_scores16(const std::byte* bk, std::size_t n, std::size_t rb, Token&& token, const Stream& st) noexcept {
+  const int d = st.d, g = st.g, nout = R::quantizer::outliers(d);
+  alignas(32) __m256i codes[R::quantizer::kMaxHeadDim / 16];
+  alignas(16) float dots[4];
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::byte* r = bk + i * rb;
+    unpack16<R, W>(r, d, rb - 4, codes);
+    const QuantMeta m = R::meta(r);
+    const Affine a = R::quantizer::affine(to_float(m.lo), to_float(m.step), W);
+    const half_t* ov = R::outlier_values(r, d, W);
+    const std::uint8_t* idx = R::outlier_channels(r, d, W);
+    const auto* c16 = reinterpret_cast<const std::uint16_t*>(codes);
+    float corr[Prepared<R, W>::kMaxOut > 0 ? Prepared<R, W>::kMaxOut : 1];
+    for (int j = 0; j < nout; ++j) corr[j] = to_float(ov[j]) - mul_add_rounded(a.scale, float(c16[idx[j]]), a.zero);
+    const std::size_t t = token(r, i);
+    for (int h0 = 0; h0 < g; h0 += 4) {
+      const int nh = std::min(4, g - h0);
+      with_count(nh, [&]<int NH>() {
+        _mm_store_ps(dots, _mm_cvtepi32_ps(dot16_heads<NH>(st.qi + std::size_t(h0) * d, d, codes)));
+      });
+      for (int h = h0; h < h0 + nh; ++h) {
+        const float* qh = st.q + std::size_t(h) * d;
+        float score = a.zero * st.qsum[h] + a.scale * st.qscale[h] * dots[h - h0];
+        for (int j = 0; j < nout; ++j) score += qh[idx[j]] * corr[j];
+        st.s[std::size_t(h) * st.T + t] = score;
+      }
+    }
+  }
+}
+#endif
+
 /// Probability-weighted values of the n records of one width-W bucket, up to 4 records at a time (their
 /// codes unpacked side by side into st.codes, 4 d floats).
 template <class R, int W, class Token>
@@ -181,17 +282,19 @@ void bucket_values(const std::byte* bk, std::size_t n, std::size_t rb, Token&& t
       const std::byte* r = bk + (i + std::size_t(k)) * rb;
       float* codes = st.codes + std::size_t(k) * d;
       unpack<R, W>(r, d, rb - 4, codes);
-      v[k] = Prepared<R, W>(r, d, nout, codes);
+      v[k].init(r, d, nout, codes);
       t[k] = token(r, i + std::size_t(k));
     }
     for (int h = 0; h < g; ++h) {
       float w[4], ws[4];
       float* oh = st.o + std::size_t(h) * d;
+      float z = 0.0f;  // summed in a register, added to zsum once (not a chain through memory per record)
       for (int k = 0; k < nr; ++k) {
         w[k] = st.s[std::size_t(h) * st.T + t[k]];
         ws[k] = w[k] * v[k].a.scale;
-        st.zsum[h] += w[k] * v[k].a.zero;
+        z += w[k] * v[k].a.zero;
       }
+      st.zsum[h] += z;
       with_count(nr, [&]<int NR>() { axpy_rows<NR>(ws, st.codes, d, oh); });
       for (int k = 0; k < nr; ++k)
         for (int j = 0; j < nout; ++j) oh[v[k].idx[j]] += w[k] * v[k].corr[j];
@@ -267,6 +370,9 @@ bool run_stream(const Cache& cache, const typename Cache::Side& ks, const typena
     }
   };
   each_bucket(ks, [&]<int W>(const std::byte* bk, std::size_t n, std::size_t rb, auto&& token) {
+#if KVC_ISA_LEVEL_ >= 1
+    if (st.qi) return bucket_scores16<R, W>(bk, n, rb, token, st);
+#endif
     bucket_scores<R, W>(bk, n, rb, token, st);
   });
   const bool ok = softmax(st, pr);
