@@ -13,8 +13,9 @@
 //                                        on this data (after 16 decode steps with varied queries fill the histories)
 //   BM_QaqUpdateWidths/T:<n>             QAQ's per-step width update of that cache (history push, width rule,
 //                                        moves between buckets), one step's probabilities repeated
-//   BM_QaqDecodeStep/T:<n>               a whole QAQ step (attention + update) with a new query each step;
-//                                        attention_ms / update_ms: its two halves
+//   BM_QaqDecodeStep/T:<n>/rho:<r>       a whole QAQ step (attention + update) with a new query each step, independent
+//                                        (rho 0) or drifting (rho 995: q_i = 0.995 q_(i-1) + noise); attention_ms /
+//                                        update_ms: its two halves; value_moved_pct: value records moved per step
 // Counters: bytes_per_second = cache bytes one decode step reads (codes, scales, zeros, windows);
 // bits_per_element = stored bits per K/V element, everything counted.
 #include "bench_util.hpp"
@@ -23,7 +24,9 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -164,10 +167,17 @@ void BM_AppendDecode(benchmark::State& state) {
       benchmark::Counter(double(B) * state.iterations(), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
-/// The queries of QAQ's decode steps: a new one each step, 16 in turn.
-std::vector<std::vector<float>> qaq_queries() {
-  std::vector<std::vector<float>> qs;
-  for (unsigned i = 0; i < 16; ++i) qs.push_back(bench_query(100 + i));
+/// The queries of QAQ's decode steps, a new one each step, n in turn. rho == 0: independent N(0, 1) queries (every
+/// token's probability is redrawn each step: the most width churn). rho > 0: a stationary random walk
+/// q_i = rho q_(i-1) + sqrt(1 - rho^2) xi_i, as a model's consecutive queries are correlated.
+std::vector<std::vector<float>> qaq_queries(double rho = 0.0, int n = 16) {
+  std::vector<std::vector<float>> qs{bench_query(100)};
+  for (int i = 1; i < n; ++i) {
+    std::vector<float> q = bench_query(100 + unsigned(i));
+    for (std::size_t j = 0; j < q.size(); ++j)
+      q[j] = float(rho * qs.back()[j] + std::sqrt(1.0 - rho * rho) * q[j]);
+    qs.push_back(std::move(q));
+  }
   return qs;
 }
 
@@ -217,12 +227,15 @@ std::unique_ptr<QaqBench> build_qaq(int tokens, const std::vector<std::vector<fl
   return cache;
 }
 
+template <kvc::Precision Prec>
 void BM_DecodeAttentionQaq(benchmark::State& state) {
   const auto qs = qaq_queries();
   kvc::qaq::TokenProbs probs;
   const auto cache = build_qaq(static_cast<int>(state.range(0)), qs, 3.0, probs);
-  kvc_bench::time_decode_steps(state, *cache, qs[0], kKvHeads * kGqa, kHeadDim);
-  state.SetLabel("qaq float path");
+  kvc::AttentionOptions opt;
+  opt.precision = Prec;
+  kvc_bench::time_decode_steps(state, *cache, qs[0], kKvHeads * kGqa, kHeadDim, opt);
+  state.SetLabel(kvc::isa_name(kvc::resolve_isa(kvc::Isa::kAuto)));
   state.counters["key_bits"] = cache->average_width(0);
   state.counters["value_bits"] = cache->average_width(1);
 }
@@ -238,11 +251,15 @@ void BM_QaqUpdateWidths(benchmark::State& state) {
 }
 
 /// One whole QAQ decode step as a model runs it: attention with probabilities, then the width update they ask
-/// for, with a new query every step (16 in turn), so tokens really move (on this data about a fifth of the
-/// value tokens change width per step, half of them raised from the mirror). BM_QaqUpdateWidths repeats one
-/// step's probabilities, so after its first iteration nothing moves: this row is the cost a model pays.
+/// for, with a new query every step, so tokens really move; value_moved_pct: the share of value records that
+/// changed width per step. Independent queries (range(1) == 0) move about a fifth of them, half raised from the
+/// mirror: the worst case. range(1) = 1000 rho > 0: drifting queries (qaq_queries). On this data (flat attention
+/// over N(0, 1) keys) even small query steps move many tokens: rho = 0.97 moves ~15 %, 0.99 ~10 %, 0.995 ~8 %
+/// (T = 4096); 0.995 is the row, about what SmolLM2 moves per step at 3.5-3.9 bits (kvc-eval's `moved`:
+/// 3.8 % of the value records at qaq:3e-3:3e-2, 7.1 % at qaq:1e-3:1e-2).
+/// BM_QaqUpdateWidths repeats one step's probabilities, so after its first iteration nothing moves.
 void BM_QaqDecodeStep(benchmark::State& state) {
-  const auto qs = qaq_queries();
+  const auto qs = qaq_queries(double(state.range(1)) / 1000.0, 64);
   kvc::qaq::TokenProbs probs;
   const auto cache = build_qaq(static_cast<int>(state.range(0)), qs, 3.0, probs);
   std::vector<float> out(qs[0].size());
@@ -251,6 +268,7 @@ void BM_QaqDecodeStep(benchmark::State& state) {
   double attention_s = 0.0, update_s = 0.0;
   using clock = std::chrono::steady_clock;
   state.SetLabel(kvc::isa_name(kvc::resolve_isa(kvc::Isa::kAuto)));
+  const kvc::qaq::UpdateStats u0 = cache->update_stats();
   for (auto _ : state) {
     state.PauseTiming();
     kvc_bench::flush_caches();
@@ -266,6 +284,10 @@ void BM_QaqDecodeStep(benchmark::State& state) {
     attention_s += std::chrono::duration<double>(t1 - t0).count();
     benchmark::DoNotOptimize(out.data());
   }
+  // the share of value records that changed width per step, over the timed steps only
+  const kvc::qaq::UpdateStats u = cache->update_stats();
+  const double moved = double(u.lowered[1] + u.raised[1] - u0.lowered[1] - u0.raised[1]);
+  state.counters["value_moved_pct"] = 100.0 * moved / double(std::max<std::uint64_t>(1, u.records[1] - u0.records[1]));
   state.counters["attention_ms"] = 1e3 * attention_s / double(state.iterations());
   state.counters["update_ms"] = 1e3 * update_s / double(state.iterations());
   state.counters["bytes_per_second"] = benchmark::Counter(
@@ -319,12 +341,15 @@ const int registered = [] {
   register_scheme<kvc::schemes::PartialLogQuant2>("partiallogquant2");  // + quantized value rows
   register_scheme<kvc::schemes::Kivi2Budget126>("kivi2_g64_w126");
   // QAQ at ~3 average bits per side (its attention reads the records; its width update runs every step).
-  benchmark::RegisterBenchmark("BM_DecodeAttention/qaq", BM_DecodeAttentionQaq)
+  benchmark::RegisterBenchmark("BM_DecodeAttention/qaq", BM_DecodeAttentionQaq<kvc::Precision::kFast>)
+      ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("BM_DecodeAttention/qaq-exact", BM_DecodeAttentionQaq<kvc::Precision::kExact>)
       ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("BM_QaqUpdateWidths", BM_QaqUpdateWidths)
       ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("BM_QaqDecodeStep", BM_QaqDecodeStep)
-      ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
+      ->ArgNames({"T", "rho"})->Args({4096, 0})->Args({32768, 0})->Args({4096, 995})->Args({32768, 995})
+      ->UseRealTime()->Unit(benchmark::kMillisecond);
   // Decode-time compression, block mode vs GEAR's literal mode (Algorithm 1) on the same policies.
   using namespace kvc::schemes;
   register_append_decode<GearKivi2>("gear_kivi2");

@@ -36,6 +36,8 @@
 //              attention reads an fp32 copy of the SAME run's K/V (the cache's own error in layer l)
 //   bits_per_element  the cache's stored bits per K/V element after the run (everything counted)
 //   key_widths, value_widths  (JSON, QAQ schemes only) tokens per code width 0..8 over all layers
+//   moved      (JSON, QAQ schemes only) of the records each width update re-derives, the shares lowered and
+//              raised: {key lowered, key raised, value lowered, value raised}, over the whole run
 // Exit status: 0, or 1 when a --max-delta-ppl / --max-kl / --expect-worse check fails, 2 on bad
 // usage or input. (KL is the steadier regression guard: ΔPPL over a few hundred tokens moves by
 // several 1e-2 for perturbations whose KL is ~2e-4, in either direction.)
@@ -224,6 +226,7 @@ struct Result {
   std::size_t stored_bytes = 0;
   std::vector<double> layer_rel_err;
   std::vector<std::size_t> key_widths, value_widths;  ///< QAQ: tokens per code width 0..8 (all layers)
+  std::vector<double> moved;                            ///< QAQ: RunResult::moved
 };
 
 /// Compares a run's next-token distributions with the reference run's, chunk by chunk (the logits of
@@ -336,6 +339,11 @@ void write_json(const std::string& path, const Options& o, int T, const std::vec
       for (std::size_t b = 0; b < w->size(); ++b) f << (b ? ", " : "") << (*w)[b];
       f << "]";
     }
+    if (!r.moved.empty()) {
+      f << ", \"moved\": [";
+      for (std::size_t i = 0; i < r.moved.size(); ++i) f << (i ? ", " : "") << num(r.moved[i]);
+      f << "]";
+    }
     f << "}";
   }
   f << "\n  ]\n}\n";
@@ -444,6 +452,10 @@ int run(const Options& o) {
     r.stored_bytes = run.stored_bytes;
     r.key_widths = run.key_widths;
     r.value_widths = run.value_widths;
+    r.moved = run.moved;
+    if (!r.moved.empty())
+      std::fprintf(stderr, "  width updates moved, per update: keys %.2f %% lowered, %.2f %% raised; values %.2f %% lowered, "
+                   "%.2f %% raised\n", 100 * r.moved[0], 100 * r.moved[1], 100 * r.moved[2], 100 * r.moved[3]);
     for (std::size_t l = 0; l < run.layer_err2.size(); ++l)
       r.layer_rel_err.push_back(run.layer_ref2[l] > 0 ? std::sqrt(run.layer_err2[l] / run.layer_ref2[l]) : 0.0);
     score(model, tokens, run.hidden, results.empty() ? nullptr : &ref_hidden, r);

@@ -9,6 +9,7 @@
 
 #include <kvc/schemes.hpp>
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -25,6 +26,9 @@ struct SchemeRun {
   /// Adaptive-width caches (QAQ): tokens per code width 0..8 over every layer after the run, keys and
   /// values (empty for the other schemes).
   std::vector<std::size_t> key_widths, value_widths;
+  /// Adaptive-width caches (QAQ): of the records the width updates re-derived over the run, the shares lowered
+  /// and raised: {key lowered, key raised, value lowered, value raised} (empty for the other schemes).
+  std::vector<double> moved;
 };
 
 /// Hooks of a run: `observe` sees each layer's trace (e.g. to dump K/V), `progress` each finished layer;
@@ -90,6 +94,14 @@ SchemeRun run_with(const LlamaModel& model, const std::vector<std::int32_t>& tok
     for (int l = 0; l < c.layers; ++l) {
       const auto kw = cache.cache().width_counts(l, 0), vw = cache.cache().width_counts(l, 1);
       for (std::size_t b = 0; b < 9; ++b) r.key_widths[b] += kw[b], r.value_widths[b] += vw[b];
+    }
+  }
+  if constexpr (requires { cache.cache().update_stats(); }) {
+    const qaq::UpdateStats u = cache.cache().update_stats();
+    for (int side = 0; side < 2; ++side) {
+      const double n = std::max<double>(1.0, double(u.records[std::size_t(side)]));
+      r.moved.push_back(double(u.lowered[std::size_t(side)]) / n);
+      r.moved.push_back(double(u.raised[std::size_t(side)]) / n);
     }
   }
   return r;
