@@ -210,12 +210,25 @@ struct Prepared {
   }
 };
 
+/// Prefetches the g entries st.s[h][t] of record j's token t (for writing or reading): records lie in any
+/// token order, so these are random accesses of a [g][T] array often larger than L2.
+template <class R, class Token>
+inline void prefetch_token_scores(const std::byte* bk, std::size_t j, std::size_t n, std::size_t rb, Token& token,
+                                  const Stream& st) noexcept {
+  if (j >= n) return;
+  const std::size_t t = token(bk + j * rb, j);
+  for (int h = 0; h < st.g; ++h) __builtin_prefetch(st.s + std::size_t(h) * st.T + t, 1, 3);
+}
+inline constexpr std::size_t kScoreAhead = 16;  ///< records ahead whose scores are prefetched
+
 /// Scores of the n records of one width-W bucket (records of `rb` bytes; token(r, i) names record i's token).
 template <class R, int W, class Token>
 void bucket_scores(const std::byte* bk, std::size_t n, std::size_t rb, Token&& token, const Stream& st) noexcept {
   const int d = st.d, g = st.g, nout = R::quantizer::outliers(d);
   float dots[4];
+  for (std::size_t j = 0; j < std::min(kScoreAhead, n); ++j) prefetch_token_scores<R>(bk, j, n, rb, token, st);
   for (std::size_t i = 0; i < n; ++i) {
+    prefetch_token_scores<R>(bk, i + kScoreAhead, n, rb, token, st);
     const std::byte* r = bk + i * rb;
     unpack<R, W>(r, d, rb - 4, st.codes);
     const Prepared<R, W> k(r, d, nout, st.codes);
@@ -242,7 +255,9 @@ void bucket_scores16(const std::byte* bk, std::size_t n, std::size_t rb, Token&&
   const int d = st.d, g = st.g, nout = R::quantizer::outliers(d);
   alignas(32) __m256i codes[R::quantizer::kMaxHeadDim / 16];
   alignas(16) float dots[4];
+  for (std::size_t j = 0; j < std::min(kScoreAhead, n); ++j) prefetch_token_scores<R>(bk, j, n, rb, token, st);
   for (std::size_t i = 0; i < n; ++i) {
+    prefetch_token_scores<R>(bk, i + kScoreAhead, n, rb, token, st);
     const std::byte* r = bk + i * rb;
     unpack16<R, W>(r, d, rb - 4, codes);
     const QuantMeta m = R::meta(r);
@@ -274,8 +289,11 @@ void bucket_scores16(const std::byte* bk, std::size_t n, std::size_t rb, Token&&
 template <class R, int W, class Token>
 void bucket_values(const std::byte* bk, std::size_t n, std::size_t rb, Token&& token, const Stream& st) noexcept {
   const int d = st.d, g = st.g, nout = R::quantizer::outliers(d);
+  // every FMA of a record waits for its probability: prefetched kScoreAhead records ahead
+  for (std::size_t j = 0; j < std::min(kScoreAhead, n); ++j) prefetch_token_scores<R>(bk, j, n, rb, token, st);
   for (std::size_t i = 0; i < n; i += 4) {
     const int nr = int(std::min<std::size_t>(4, n - i));
+    for (int k = 0; k < nr; ++k) prefetch_token_scores<R>(bk, i + std::size_t(k) + kScoreAhead, n, rb, token, st);
     Prepared<R, W> v[4];
     std::size_t t[4];
     for (int k = 0; k < nr; ++k) {
