@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 // Host x86 with BMI2 packs and narrows a group of 8 codes with one pext; not on AMD Zen 1/2, where pext is
 // microcoded (hundreds of cycles), nor in device code.
@@ -24,6 +25,14 @@
 #  define KVC_QAQ_PEXT_ 1
 #else
 #  define KVC_QAQ_PEXT_ 0
+#endif
+// Host x86 with AVX2 and F16C re-encodes a raised token 8 channels at a time (the same IEEE sub, mul, floor
+// and clamp as MidpointCodec::encode, so the same codes).
+#if defined(__AVX2__) && defined(__F16C__) && !defined(__CUDA_ARCH__)
+#  include <immintrin.h>
+#  define KVC_QAQ_AVX2_ 1
+#else
+#  define KVC_QAQ_AVX2_ 0
 #endif
 
 namespace kvc::qaq {
@@ -183,6 +192,23 @@ struct RecordFormat {
     const QuantMeta m = meta(src);
     const float inv = inverse_step(m);
     auto* o = reinterpret_cast<std::uint8_t*>(dst + 4);
+    static_assert(std::is_same_v<typename Q::codec, MidpointCodec>, "RecordFormat::raise re-encodes with MidpointCodec::encode");
+#if KVC_QAQ_AVX2_
+    {
+      const __m256 lo = _mm256_set1_ps(m.lo.to_float()), iv = _mm256_set1_ps(inv), zero = _mm256_setzero_ps();
+      const __m256 top = _mm256_set1_ps(float((1 << Q::kMaxBits) - 1));
+      const __m128i shift = _mm_cvtsi32_si128(Q::kMaxBits - nb);
+      for (int c0 = 0; c0 < d; c0 += 8, o += nb) {
+        const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c0)));
+        const __m256 q = _mm256_min_ps(_mm256_max_ps(_mm256_floor_ps(_mm256_mul_ps(_mm256_sub_ps(x, lo), iv)), zero), top);
+        const __m256i c = _mm256_srl_epi32(_mm256_cvttps_epi32(q), shift);  // the B_max code, narrowed to nb
+        const __m128i c16 = _mm_packus_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+        put_group(o, nb, pack_bytes(static_cast<std::uint64_t>(_mm_cvtsi128_si64(_mm_packus_epi16(c16, c16))), nb));
+      }
+      copy_tail(src, b, dst, nb, d, id_bytes);
+      return;
+    }
+#endif
     for (int c0 = 0; c0 < d; c0 += 8, o += nb) {
       float x[8];
 #if defined(__CUDA_ARCH__)
