@@ -4,14 +4,17 @@
 /// defined the path's simd:: layer in the same namespace; no include guard by design.
 ///
 /// One (sequence, KV head) stream, width by width (the record layout is fixed per bucket, so the width is a
-/// template parameter): each record's d codes are unpacked once into floats (AVX2: one pshufb + one
-/// variable shift per 8 codes, for every width 1..8) and used by every query head of the GQA group.
-///   scores:  s_t = zero_t sum_c q_c + scale_t (q . code_t) + sum_outliers q_c (x_c - x^_c)   (log2 domain)
+/// template parameter): each record's d codes are unpacked once (AVX2: into floats by one pshufb + one
+/// variable shift per 8 codes; for the int16 key products into 16-bit lanes by one pshufb + mulhi per 16) and
+/// used by every query head of the GQA group.
+///   scores:  s_t = zero_t sum_c q_c + scale_t (q . code_t) + sum_outliers q_c (x_c - x^_c)   (log2 domain;
+///            Precision::kFast on AVX2/AVX-512: q . code_t = qscale (qi . code_t) in exact int32, qi the
+///            query rounded to int16 per head)
 ///   softmax: per query head, vectorised exp2; the group's largest probability per token (SPEC Q6)
 ///   values:  o += (p_t scale_t) code_t, plus p_t zero_t summed apart and added to every channel at the end,
 ///            plus p_t (x_c - x^_c) per outlier.
-/// Float arithmetic; results differ from the portable path only in summation order and exp2's < 2e-7
-/// relative error.
+/// kExact: float arithmetic; results differ from the portable path only in summation order and exp2's < 2e-7
+/// relative error. kFast adds the int16 rounding of the query (bound in qaq/decode_attention.hpp).
 #if !defined(KVC_ATTENTION_INTERNAL) || !defined(KVC_ISA_LEVEL_) || !defined(KVC_ISA_NS)
 #  error "kvc/qaq/detail/attention_kernel.hpp is private: include <kvc/qaq/decode_attention.hpp>"
 #endif
@@ -264,9 +267,12 @@ void bucket_scores16(const std::byte* bk, std::size_t n, std::size_t rb, Token&&
     const Affine a = R::quantizer::affine(to_float(m.lo), to_float(m.step), W);
     const half_t* ov = R::outlier_values(r, d, W);
     const std::uint8_t* idx = R::outlier_channels(r, d, W);
-    const auto* c16 = reinterpret_cast<const std::uint16_t*>(codes);
     float corr[Prepared<R, W>::kMaxOut > 0 ? Prepared<R, W>::kMaxOut : 1];
-    for (int j = 0; j < nout; ++j) corr[j] = to_float(ov[j]) - mul_add_rounded(a.scale, float(c16[idx[j]]), a.zero);
+    for (int j = 0; j < nout; ++j) {
+      std::uint16_t code;  // 16-bit lane c of the unpacked codes is channel c
+      std::memcpy(&code, reinterpret_cast<const char*>(codes) + 2 * std::size_t(idx[j]), 2);
+      corr[j] = to_float(ov[j]) - mul_add_rounded(a.scale, float(code), a.zero);
+    }
     const std::size_t t = token(r, i);
     for (int h0 = 0; h0 < g; h0 += 4) {
       const int nh = std::min(4, g - h0);
