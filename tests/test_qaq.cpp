@@ -657,6 +657,18 @@ TEST_P(QaqCacheAttention, MatchesTheOracleWhileWidthsChangeEveryStep) {
                          kvc::OutputView::contiguous(out.data(), batch, Hq, d), {}, probs);
     const kvc::qaq::UpdateStats u1 = c.update_stats();
     EXPECT_EQ(u1.updates, u0.updates + 1);
+    // Every record sits at the width the rule gives from its history and metadata (quantizer::width).
+    for (int s = 0; s < batch; ++s)
+      for (int h = 0; h < H; ++h) {
+        const kvc::qaq::StepWidths<> rule(c.length(0, s), c.targets().key_sigma_s, 1.0, c.targets().value_sigma_x,
+                                          Qaq::quantizer::widths());
+        const auto& hist = c.histories(0, s, h);
+        for (int side = 0; side < 2; ++side)
+          c.for_each_record(side == 0 ? c.keys(0, s, h) : c.values(0, s, h), [&](const std::byte* r, int b, std::uint32_t t) {
+            ASSERT_EQ(b, Qaq::quantizer::width(hist[t], Qaq::record::meta(r), rule, side == 0))
+                << "step " << step << " seq " << s << " head " << h << " side " << side << " token " << t;
+          });
+      }
     for (int side = 0; side < 2; ++side) {
       const std::vector<int>& before = side == 0 ? k0 : v0;
       const std::vector<int> after = widths(side);

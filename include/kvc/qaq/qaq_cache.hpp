@@ -345,6 +345,11 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     Side& sd = key ? keys_[st] : values_[st];
     const half_t* mirror = (key ? mirror_k_[st] : mirror_v_[st]).data();
     const history* hist = hist_[st].data();
+    // A key's width needs its history only for full() (B_max until n observations), and full() is monotone in
+    // the token id: every update observes every token and tokens are appended in order, so a token has seen
+    // at least as many steps as any later one. Tokens [0, n_full) are full.
+    const std::uint32_t n_full = std::uint32_t(
+        std::partition_point(hist, hist + hist_[st].size(), [](const history& h) { return h.full(); }) - hist);
     const std::size_t row_bytes = std::size_t(d) * sizeof(half_t);
     auto prefetch = [](const void* p, std::size_t bytes) {
       for (std::size_t o = 0; o < bytes; o += 64) __builtin_prefetch(static_cast<const char*>(p) + o, 0, 1);
@@ -358,8 +363,13 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       sg.width.resize(n);
       sg.raises.clear();
       for (std::size_t i = 0; i < n; ++i) {
-        if (i + kAhead < n) __builtin_prefetch(hist + token(i + kAhead), 0, 1);
-        const int nb = quantizer::width(hist[token(i)], record::meta(bk.data() + i * rb), rule, key);
+        int nb;
+        if (key) {  // quantizer::width without the random history read (n_full above)
+          nb = token(i) < n_full ? rule.key(quantizer::range_bound(record::meta(bk.data() + i * rb))) : BMax;
+        } else {
+          if (i + kAhead < n) __builtin_prefetch(hist + token(i + kAhead), 0, 1);
+          nb = quantizer::width(hist[token(i)], record::meta(bk.data() + i * rb), rule, false);
+        }
         sg.width[i] = std::uint8_t(nb);
         if (nb > b) sg.raises.push_back(std::uint32_t(i));
       }
