@@ -26,8 +26,9 @@ struct SchemeRun {
   /// Adaptive-width caches (QAQ): tokens per code width 0..8 over every layer after the run, keys and
   /// values (empty for the other schemes).
   std::vector<std::size_t> key_widths, value_widths;
-  /// Adaptive-width caches (QAQ): of the records the width updates re-derived over the run, the shares lowered
-  /// and raised: {key lowered, key raised, value lowered, value raised} (empty for the other schemes).
+  /// QAQ caches: of the records the width updates re-derived over the run, the shares lowered and raised:
+  /// {key lowered, key raised, value lowered, value raised} (zeros for the fixed-width qaq-uB, empty for the
+  /// other schemes).
   std::vector<double> moved;
 };
 

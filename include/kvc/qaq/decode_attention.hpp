@@ -110,7 +110,8 @@ void decode_attention(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPe
 #endif
     default: run = &detail::isa_portable::qaq_kernel::run_stream<Cache>; break;
   }
-  const bool int16_keys = opt.precision == Precision::kFast && isa != Isa::kPortable;
+  // the SIMD kernels' int16 key path (the portable kernel has none): decided by the kernel actually chosen
+  const bool int16_keys = opt.precision == Precision::kFast && run != &detail::isa_portable::qaq_kernel::run_stream<Cache>;
   std::vector<unsigned char> finite(std::size_t(nseq) * H, 1);
   const int streams = nseq * H;
 #if KVC_HAS_OPENMP()

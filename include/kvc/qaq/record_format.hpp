@@ -26,8 +26,7 @@
 #else
 #  define KVC_QAQ_PEXT_ 0
 #endif
-// Host x86 with AVX2 and F16C re-encodes a raised token 8 channels at a time (the same IEEE sub, mul, floor
-// and clamp as MidpointCodec::encode, so the same codes).
+// Host x86 with AVX2 and F16C re-encodes a raised token 8 channels at a time (encode_group).
 #if defined(__AVX2__) && defined(__F16C__) && !defined(__CUDA_ARCH__)
 #  include <immintrin.h>
 #  define KVC_QAQ_AVX2_ 1
@@ -192,36 +191,34 @@ struct RecordFormat {
     const QuantMeta m = meta(src);
     const float inv = inverse_step(m);
     auto* o = reinterpret_cast<std::uint8_t*>(dst + 4);
-    static_assert(std::is_same_v<typename Q::codec, MidpointCodec>, "RecordFormat::raise re-encodes with MidpointCodec::encode");
-#if KVC_QAQ_AVX2_
-    {
-      const __m256 lo = _mm256_set1_ps(m.lo.to_float()), iv = _mm256_set1_ps(inv), zero = _mm256_setzero_ps();
-      const __m256 top = _mm256_set1_ps(float((1 << Q::kMaxBits) - 1));
-      const __m128i shift = _mm_cvtsi32_si128(Q::kMaxBits - nb);
-      for (int c0 = 0; c0 < d; c0 += 8, o += nb) {
-        const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c0)));
-        const __m256 q = _mm256_min_ps(_mm256_max_ps(_mm256_floor_ps(_mm256_mul_ps(_mm256_sub_ps(x, lo), iv)), zero), top);
-        const __m256i c = _mm256_srl_epi32(_mm256_cvttps_epi32(q), shift);  // the B_max code, narrowed to nb
-        const __m128i c16 = _mm_packus_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
-        put_group(o, nb, pack_bytes(static_cast<std::uint64_t>(_mm_cvtsi128_si64(_mm_packus_epi16(c16, c16))), nb));
-      }
-      copy_tail(src, b, dst, nb, d, id_bytes);
-      return;
-    }
-#endif
-    for (int c0 = 0; c0 < d; c0 += 8, o += nb) {
-      float x[8];
-#if defined(__CUDA_ARCH__)
-      for (int i = 0; i < 8; ++i) x[i] = row[c0 + i].to_float();
-#else
-      convert(row + c0, x, 8);
-#endif
-      std::uint64_t v = 0;
-      for (int i = 0; i < 8; ++i)
-        v |= std::uint64_t(Q::narrow(Q::codec::encode(x[i], m, inv, Q::kMaxBits), nb)) << (8 * i);
-      put_group(o, nb, pack_bytes(v, nb));
-    }
+    for (int c0 = 0; c0 < d; c0 += 8, o += nb) put_group(o, nb, pack_bytes(encode_group(row + c0, m, inv, nb), nb));
     copy_tail(src, b, dst, nb, d, id_bytes);
+  }
+  /// The B_max codes of the 8 fp16 values row[0, 8) under (m, inv = inverse_step(m)), narrowed to nb, one per
+  /// byte (code i in byte i): Q::codec::encode per value. With AVX2 + F16C all 8 at once, by the same IEEE sub,
+  /// mul, floor and clamp, so the same codes.
+  KVC_HOST_DEVICE static std::uint64_t encode_group(const half_t* row, QuantMeta m, float inv, int nb) noexcept {
+    static_assert(std::is_same_v<typename Q::codec, MidpointCodec>, "RecordFormat::encode_group is MidpointCodec::encode");
+#if KVC_QAQ_AVX2_
+    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
+    const __m256 q = _mm256_min_ps(
+        _mm256_max_ps(_mm256_floor_ps(_mm256_mul_ps(_mm256_sub_ps(x, _mm256_set1_ps(m.lo.to_float())), _mm256_set1_ps(inv))),
+                      _mm256_setzero_ps()),
+        _mm256_set1_ps(float((1 << Q::kMaxBits) - 1)));
+    const __m256i c = _mm256_srl_epi32(_mm256_cvttps_epi32(q), _mm_cvtsi32_si128(Q::kMaxBits - nb));
+    const __m128i c16 = _mm_packus_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+    return static_cast<std::uint64_t>(_mm_cvtsi128_si64(_mm_packus_epi16(c16, c16)));
+#else
+    float x[8];
+#  if defined(__CUDA_ARCH__)
+    for (int i = 0; i < 8; ++i) x[i] = row[i].to_float();
+#  else
+    convert(row, x, 8);
+#  endif
+    std::uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= std::uint64_t(Q::narrow(Q::codec::encode(x[i], m, inv, Q::kMaxBits), nb)) << (8 * i);
+    return v;
+#endif
   }
   /// The token's reconstruction x[0, d) (Q::decode per channel, then the exact outliers).
   KVC_HOST_DEVICE static void decode(const std::byte* r, int d, int b, float* x) noexcept {
