@@ -17,7 +17,7 @@
 ///    <= 2^(b - 15) max|q_h| / mean|q_h| (b = 8, a max/mean of 10: 0.08; at b <= 4, < 0.005). Values, the
 ///    zero terms and the outliers stay float.
 ///  - kExact, and the portable path: float FMAs over the decoded codes.
-/// Scratch: group x (T + 3) + 4 d floats and group x d int16 per thread. Parallel over (sequence, KV head)
+/// Scratch: group x (T + 6) + 4 d floats and group x d int16 per thread. Parallel over (sequence, KV head)
 /// with OpenMP. Host only.
 #pragma once
 
@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <vector>
 
 #if KVC_HAS_OPENMP()
@@ -46,10 +47,11 @@ struct QaqStream {
   int d, g, T;
   const float* q;     ///< [g][d] query, pre-multiplied by scale * log2(e)
   const float* qsum;  ///< [g] sum_c q_c
-  float* s;           ///< [g][T] scores, then probabilities
+  float* s;           ///< [T][g] scores, then probabilities (token-major: a record's g entries share a cache line)
   float* o;           ///< [g][d] output
   float* zsum;        ///< [g] scratch: sum_t p_t zero_t
   float* codes;       ///< [4][d] scratch: up to 4 records' codes
+  float* heads;       ///< [3][g] scratch: softmax's max, sum and 1 / sum per query head
   const std::int16_t* qi = nullptr;  ///< [g][d] q rounded to int16 per head (Precision::kFast on AVX2/AVX-512), or null
   const float* qscale = nullptr;     ///< [g] q_h ~ qscale[h] qi_h
 };
@@ -120,7 +122,10 @@ void decode_attention(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPe
 #endif
   {
     const detail::FlushDenormals ftz;  // probabilities far below the max underflow (see decode_attention.hpp)
-    AlignedBuffer<float> scratch(std::size_t(g) * (std::size_t(tmax) + 3) + 4 * std::size_t(d));
+    // [T][g] scores first (64-byte aligned: a token's g <= 16 scores share a line when g | 16), then
+    // qsum, qscale, zsum, heads [3][g] and codes [4][d]
+    const std::size_t ns = std::size_t(g) * std::size_t(tmax);
+    AlignedBuffer<float> scratch(ns + 6 * std::size_t(g) + 4 * std::size_t(d));
     AlignedBuffer<std::int16_t> qi(int16_keys ? std::size_t(g) * d : 0);
 #if KVC_HAS_OPENMP()
 #  pragma omp for schedule(dynamic, 1)
@@ -128,22 +133,23 @@ void decode_attention(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPe
     for (int i = 0; i < streams; ++i) {
       const int s = i / H, kh = i % H;
       const std::size_t q0 = (std::size_t(s) * q.dim1 + std::size_t(kh) * g) * d;
-      float* qsum = scratch.data();
+      float* qsum = scratch.data() + ns;
       for (int h = 0; h < g; ++h) {
         qsum[h] = 0.0f;
         for (int c = 0; c < d; ++c) qsum[h] += qs[q0 + std::size_t(h) * d + c];
       }
-      float* qscale = scratch.data() + g;
+      float* qscale = qsum + g;
       if (int16_keys) detail::round_query16(qs.data() + q0, g, d, qi.data(), qscale);
       const detail::QaqStream st{d,
                                  g,
                                  lengths[std::size_t(s)],
                                  qs.data() + q0,
                                  qsum,
-                                 scratch.data() + 3 * g + 4 * d,
+                                 scratch.data(),
                                  result.data() + q0,
-                                 scratch.data() + 2 * g,
-                                 scratch.data() + 3 * g,
+                                 qsum + 2 * g,
+                                 qsum + 6 * g,
+                                 qsum + 3 * g,
                                  int16_keys ? qi.data() : nullptr,
                                  qscale};
       finite[std::size_t(i)] = run(cache, cache.keys(layer, s, kh), cache.values(layer, s, kh), st,

@@ -213,14 +213,17 @@ struct Prepared {
   }
 };
 
-/// Prefetches the g entries st.s[h][t] of record j's token t (for writing or reading): records lie in any
-/// token order, so these are random accesses of a [g][T] array often larger than L2.
+/// Prefetches the g scores st.s[t][0, g) of record j's token t (for writing or reading): records lie in any
+/// token order, so these are random accesses of a [T][g] array often larger than L2 (token-major: one cache
+/// line per token for g <= 16 at a 64-byte-aligned s and g | 16, at most two otherwise).
 template <class R, class Token>
 inline void prefetch_token_scores(const std::byte* bk, std::size_t j, std::size_t n, std::size_t rb, Token& token,
                                   const Stream& st) noexcept {
   if (j >= n) return;
-  const std::size_t t = token(bk + j * rb, j);
-  for (int h = 0; h < st.g; ++h) __builtin_prefetch(st.s + std::size_t(h) * st.T + t, 1, 3);
+  const float* p = st.s + token(bk + j * rb, j) * std::size_t(st.g);
+  __builtin_prefetch(p, 1, 3);
+  if (((reinterpret_cast<std::uintptr_t>(p) ^ reinterpret_cast<std::uintptr_t>(p + st.g - 1)) & ~std::uintptr_t(63)) != 0)
+    __builtin_prefetch(p + st.g - 1, 1, 3);
 }
 inline constexpr std::size_t kScoreAhead = 16;  ///< records ahead whose scores are prefetched
 
@@ -243,7 +246,7 @@ void bucket_scores(const std::byte* bk, std::size_t n, std::size_t rb, Token&& t
         const float* qh = st.q + std::size_t(h) * d;
         float score = k.a.zero * st.qsum[h] + k.a.scale * dots[h - h0];
         for (int j = 0; j < nout; ++j) score += qh[k.idx[j]] * k.corr[j];
-        st.s[std::size_t(h) * st.T + t] = score;
+        st.s[t * std::size_t(g) + std::size_t(h)] = score;
       }
     }
   }
@@ -283,7 +286,7 @@ void bucket_scores16(const std::byte* bk, std::size_t n, std::size_t rb, Token&&
         const float* qh = st.q + std::size_t(h) * d;
         float score = a.zero * st.qsum[h] + a.scale * st.qscale[h] * dots[h - h0];
         for (int j = 0; j < nout; ++j) score += qh[idx[j]] * corr[j];
-        st.s[std::size_t(h) * st.T + t] = score;
+        st.s[t * std::size_t(g) + std::size_t(h)] = score;
       }
     }
   }
@@ -291,9 +294,11 @@ void bucket_scores16(const std::byte* bk, std::size_t n, std::size_t rb, Token&&
 #endif
 
 /// Probability-weighted values of the n records of one width-W bucket, up to 4 records at a time (their
-/// codes unpacked side by side into st.codes, 4 d floats).
+/// codes unpacked side by side into st.codes, 4 d floats); pr[t] (if given) = the group's largest probability
+/// of each record's token t (SPEC Q6), read from the same cache line as the weights.
 template <class R, int W, class Token>
-void bucket_values(const std::byte* bk, std::size_t n, std::size_t rb, Token&& token, const Stream& st) noexcept {
+void bucket_values(const std::byte* bk, std::size_t n, std::size_t rb, Token&& token, const Stream& st,
+                   float* pr) noexcept {
   const int d = st.d, g = st.g, nout = R::quantizer::outliers(d);
   // every FMA of a record waits for its probability: prefetched kScoreAhead records ahead
   for (std::size_t j = 0; j < std::min(kScoreAhead, n); ++j) prefetch_token_scores<R>(bk, j, n, rb, token, st);
@@ -308,13 +313,19 @@ void bucket_values(const std::byte* bk, std::size_t n, std::size_t rb, Token&& t
       unpack<R, W>(r, d, rb - 4, codes);
       v[k].init(r, d, nout, codes);
       t[k] = token(r, i + std::size_t(k));
+      if (pr) {
+        const float* pt = st.s + t[k] * std::size_t(g);
+        float m = pt[0];
+        for (int h = 1; h < g; ++h) m = std::max(m, pt[h]);
+        pr[t[k]] = m;
+      }
     }
     for (int h = 0; h < g; ++h) {
       float w[4], ws[4];
       float* oh = st.o + std::size_t(h) * d;
       float z = 0.0f;  // summed in a register, added to zsum once (not a chain through memory per record)
       for (int k = 0; k < nr; ++k) {
-        w[k] = st.s[std::size_t(h) * st.T + t[k]];
+        w[k] = st.s[t[k] * std::size_t(g) + std::size_t(h)];
         ws[k] = w[k] * v[k].a.scale;
         z += w[k] * v[k].a.zero;
       }
@@ -326,39 +337,67 @@ void bucket_values(const std::byte* bk, std::size_t n, std::size_t rb, Token&& t
   }
 }
 
-/// Softmax of each query head's T scores (log2 domain) in place; pr[t] (if given) = the group's largest
-/// probability of token t. Returns false if a max or a sum is not finite.
-inline bool softmax(const Stream& st, float* pr) noexcept {
+/// Softmax of each query head's T scores (log2 domain) in place, over the token-major [T][g] array: element i
+/// belongs to head i % g. Vectors run over the flat array with P = g / gcd(g, N) lane patterns (P vectors cover
+/// whole tokens), so every lane of pattern v always holds the same head. Returns false if a max or a sum is not
+/// finite.
+inline bool softmax(const Stream& st) noexcept {
   using F = simd::VecF;
-  const int T = st.T, tv = T / F::N * F::N;
-  bool ok = true;
-  for (int h = 0; h < st.g; ++h) {
-    float* ph = st.s + std::size_t(h) * T;
-    F mv = F::set1(-std::numeric_limits<float>::infinity());
-    for (int t = 0; t < tv; t += F::N) mv = simd::max(mv, F::load(ph + t));
-    float mx = simd::reduce_max(mv);
-    for (int t = tv; t < T; ++t) mx = std::max(mx, ph[t]);
-    const F m = F::set1(mx);
-    F sv = F::zero();
-    for (int t = 0; t < tv; t += F::N) {
-      const F e = simd::exp2(F::load(ph + t) - m);
-      e.store(ph + t);
-      sv = sv + e;
-    }
-    float sum = simd::reduce_add(sv);
-    for (int t = tv; t < T; ++t) sum += (ph[t] = simd::exp2_scalar(ph[t] - mx));
-    if (!std::isfinite(mx) || !std::isfinite(sum)) ok = false;
-    const F inv = F::set1(1.0f / sum);
-    for (int t = 0; t < tv; t += F::N) (F::load(ph + t) * inv).store(ph + t);
-    for (int t = tv; t < T; ++t) ph[t] *= 1.0f / sum;
-    if (pr) {
-      if (h == 0) std::copy_n(ph, T, pr);
-      else {
-        for (int t = 0; t < tv; t += F::N) simd::max(F::load(pr + t), F::load(ph + t)).store(pr + t);
-        for (int t = tv; t < T; ++t) pr[t] = std::max(pr[t], ph[t]);
+  constexpr int kMaxPhases = 16;
+  const int g = st.g, P = g / std::gcd(g, F::N), L = P * F::N;
+  const std::size_t n = std::size_t(st.T) * g;
+  float* s = st.s;
+  float *m = st.heads, *sum = st.heads + g, *inv = st.heads + 2 * g;
+  std::fill_n(m, g, -std::numeric_limits<float>::infinity());
+  std::fill_n(sum, g, 0.0f);
+  if (P > kMaxPhases) {  // a group size with too many lane patterns: element by element
+    for (std::size_t i = 0; i < n; ++i) m[i % g] = std::max(m[i % g], s[i]);
+    for (std::size_t i = 0; i < n; ++i) sum[i % g] += (s[i] = simd::exp2_scalar(s[i] - m[i % g]));
+  } else {
+    const std::size_t nv = n / std::size_t(L) * std::size_t(L);
+    alignas(64) float lanes[kMaxPhases * F::N];
+    F acc[kMaxPhases], pat[kMaxPhases];
+    // lanes -> per head, and per head -> a pattern of P vectors
+    auto fold = [&](float* per_head, auto&& combine) {
+      for (int v = 0; v < P; ++v) acc[v].store(lanes + v * F::N);
+      for (int j = 0; j < L; ++j) per_head[j % g] = combine(per_head[j % g], lanes[j]);
+    };
+    auto pattern = [&](const float* per_head) {
+      for (int j = 0; j < L; ++j) lanes[j] = per_head[j % g];
+      for (int v = 0; v < P; ++v) pat[v] = F::load(lanes + v * F::N);
+    };
+    for (int v = 0; v < P; ++v) acc[v] = F::set1(-std::numeric_limits<float>::infinity());
+    for (std::size_t i = 0; i < nv; i += std::size_t(L))
+      for (int v = 0; v < P; ++v) acc[v] = simd::max(acc[v], F::load(s + i + v * F::N));
+    fold(m, [](float a, float b) { return std::max(a, b); });
+    for (std::size_t i = nv; i < n; ++i) m[i % g] = std::max(m[i % g], s[i]);
+    pattern(m);
+    for (int v = 0; v < P; ++v) acc[v] = F::zero();
+    for (std::size_t i = 0; i < nv; i += std::size_t(L))
+      for (int v = 0; v < P; ++v) {
+        const F e = simd::exp2(F::load(s + i + v * F::N) - pat[v]);
+        e.store(s + i + v * F::N);
+        acc[v] = acc[v] + e;
       }
-    }
+    fold(sum, [](float a, float b) { return a + b; });
+    for (std::size_t i = nv; i < n; ++i) sum[i % g] += (s[i] = simd::exp2_scalar(s[i] - m[i % g]));
   }
+  bool ok = true;
+  for (int h = 0; h < g; ++h) {
+    if (!std::isfinite(m[h]) || !std::isfinite(sum[h])) ok = false;
+    inv[h] = 1.0f / sum[h];
+  }
+  std::size_t i = 0;
+  if (P <= kMaxPhases) {
+    const int L = P * F::N;
+    F iv[kMaxPhases];
+    alignas(64) float lanes[kMaxPhases * F::N];
+    for (int j = 0; j < L; ++j) lanes[j] = inv[j % g];
+    for (int v = 0; v < P; ++v) iv[v] = F::load(lanes + v * F::N);
+    for (; i + std::size_t(L) <= n; i += std::size_t(L))
+      for (int v = 0; v < P; ++v) (F::load(s + i + v * F::N) * iv[v]).store(s + i + v * F::N);
+  }
+  for (; i < n; ++i) s[i] *= inv[i % g];
   return ok;
 }
 
@@ -399,11 +438,11 @@ bool run_stream(const Cache& cache, const typename Cache::Side& ks, const typena
 #endif
     bucket_scores<R, W>(bk, n, rb, token, st);
   });
-  const bool ok = softmax(st, pr);
+  const bool ok = softmax(st);
   std::fill_n(st.o, std::size_t(st.g) * d, 0.0f);
   std::fill_n(st.zsum, st.g, 0.0f);
   each_bucket(vs, [&]<int W>(const std::byte* bk, std::size_t n, std::size_t rb, auto&& token) {
-    bucket_values<R, W>(bk, n, rb, token, st);
+    bucket_values<R, W>(bk, n, rb, token, st, pr);
   });
   for (int h = 0; h < st.g; ++h)
     for (int c = 0; c < d; ++c) st.o[std::size_t(h) * d + c] += st.zsum[h];
