@@ -188,28 +188,15 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     }
     ++updates_;
     if constexpr (!kAdaptive) return;
-    const int streams = cfg_.batch * cfg_.kv_heads;
-#if KVC_HAS_OPENMP()
-    staging_.resize(std::max(staging_.size(), std::size_t(std::max(1, omp_get_max_threads()))));
-#  pragma omp parallel for schedule(dynamic, 1) if (streams > 1)
-#else
-    staging_.resize(1);
-#endif
-    for (int i = 0; i < streams; ++i) {
-      const int s = i / cfg_.kv_heads, h = i % cfg_.kv_heads, T = lengths_[std::size_t(layer) * cfg_.batch + s];
-      const std::size_t st = stream(layer, s, h);
-      const float* p = probs.row(s, h);
+    for_each_stream(layer, [&](int i, std::size_t st, int T, Staging& sg) {
+      const float* p = probs.row(i / cfg_.kv_heads, i % cfg_.kv_heads);
       for (int t = 0; t < T; ++t) hist_[st][std::size_t(t)].push(p[t]);
-      const qaq::StepWidths<Bounds> rule(T, targets_.key_sigma_s, double(calib_.at(layer, h)),
-                                                             targets_.value_sigma_x, quantizer::widths());
-#if KVC_HAS_OPENMP()
-      Staging& sg = staging_[std::size_t(omp_get_thread_num())];
-#else
-      Staging& sg = staging_[0];
-#endif
-      rebucket(st, true, rule, sg);
-      rebucket(st, false, rule, sg);
-    }
+      const qaq::StepWidths<Bounds> rule = step_rule(layer, i % cfg_.kv_heads, T);
+      for (int side = 0; side < 2; ++side) {
+        decide_widths(st, side == 0, rule, sg.width);
+        rebucket(st, side == 0, sg.width.data(), sg);
+      }
+    });
   }
 
   /// Counts of every update_widths() so far (qaq::UpdateStats).
@@ -312,7 +299,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   /// One thread's scratch of rebucket(), kept between steps (its capacity is reused: no allocation per step).
   struct Staging {
     Side moved;                          // the movers, by new width
-    std::vector<std::uint8_t> width;     // new width of every record of the bucket being scanned
+    std::vector<std::uint8_t> width;     // new width of every record of the side being updated (decide_widths)
     std::vector<std::uint32_t> raises;   // indices of its records being raised
     qaq::UpdateStats stats;              // this thread's share of update_stats()
   };
@@ -332,47 +319,97 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     bk.resize(at + record::bytes(cfg_.head_dim, b, id_bytes_));
     record::write_row(bk.data() + at, cfg_.head_dim, b, id_bytes_, row, id);
   }
-  /// Re-derives every record's width of one stream side and moves the records that change, in place, bucket
-  /// by bucket in two passes. Pass 1 computes every record's new width (the history of the record kAhead
-  /// further on is prefetched: tokens lie in any order, so histories are random reads). Pass 2 compacts the
-  /// bucket over the records that stay (one memmove per run of them) and stages the movers: lowered by a
-  /// shift, or raised from the mirror (RecordFormat::raise; the mirror row of the raise kAhead further on is
-  /// prefetched, as those rows are cold, random reads). The movers are appended to their new buckets at the
-  /// end. Reads every record's metadata and token; writes only the records that move (and the compaction).
-  void rebucket(std::size_t st, bool key, const qaq::StepWidths<Bounds>& rule, Staging& sg) {
+  /// The width rule of KV head `head` of `layer` at length T under the current targets.
+  [[nodiscard]] qaq::StepWidths<Bounds> step_rule(int layer, int head, int T) const {
+    return qaq::StepWidths<Bounds>(T, targets_.key_sigma_s, double(calib_.at(layer, head)), targets_.value_sigma_x,
+                                   quantizer::widths());
+  }
+
+  /// Tokens [0, n) of a stream whose histories are full: full() is monotone in the token id, as every update
+  /// observes every token and tokens are appended in order (a token has seen at least as many steps as any later
+  /// one), so n is one partition point.
+  [[nodiscard]] static std::uint32_t full_prefix(const std::vector<history>& hist) noexcept {
+    return std::uint32_t(std::partition_point(hist.begin(), hist.end(), [](const history& h) { return h.full(); }) -
+                         hist.begin());
+  }
+  /// Runs f(i, stream, length, staging) for every (sequence, KV head) stream i of `layer`, in parallel.
+  template <class F>
+  void for_each_stream(int layer, F&& f) {
+    const int streams = cfg_.batch * cfg_.kv_heads;
+#if KVC_HAS_OPENMP()
+    staging_.resize(std::max(staging_.size(), std::size_t(std::max(1, omp_get_max_threads()))));
+#  pragma omp parallel for schedule(dynamic, 1) if (streams > 1)
+#else
+    staging_.resize(1);
+#endif
+    for (int i = 0; i < streams; ++i) {
+      const int s = i / cfg_.kv_heads;
+#if KVC_HAS_OPENMP()
+      Staging& sg = staging_[std::size_t(omp_get_thread_num())];
+#else
+      Staging& sg = staging_[0];
+#endif
+      f(i, stream(layer, s, i % cfg_.kv_heads), lengths_[std::size_t(layer) * cfg_.batch + s], sg);
+    }
+  }
+  /// The new width of every record of one stream side under `rule` (histories already pushed), records numbered
+  /// bucket by bucket (width BMin first) in their order. The history of the record kAhead further on is
+  /// prefetched: tokens lie in any order, so histories are random reads (keys need none: full_prefix).
+  void decide_widths(std::size_t st, bool key, const qaq::StepWidths<Bounds>& rule, std::vector<std::uint8_t>& width) const {
+    constexpr std::size_t kAhead = 8;
+    const int d = cfg_.head_dim;
+    const Side& sd = key ? keys_[st] : values_[st];
+    const history* hist = hist_[st].data();
+    const std::uint32_t n_full = full_prefix(hist_[st]);
+    width.resize(hist_[st].size());
+    std::size_t j = 0;
+    for (int b = BMin; b <= BMax; ++b) {
+      const std::size_t rb = record::bytes(d, b, id_bytes_);
+      const std::vector<std::byte>& bk = sd.bucket[std::size_t(b - BMin)];
+      const std::size_t n = bk.size() / rb;
+      auto token = [&](std::size_t i) { return record::token(bk.data() + i * rb, d, b, id_bytes_); };
+      for (std::size_t i = 0; i < n; ++i, ++j) {
+        const QuantMeta m = record::meta(bk.data() + i * rb);
+        if (key) {
+          width[j] = std::uint8_t(quantizer::key_width(token(i) < n_full, quantizer::range_bound(m), rule));
+        } else {
+          if (i + kAhead < n) __builtin_prefetch(hist + token(i + kAhead), 0, 1);
+          width[j] = std::uint8_t(quantizer::value_width(hist[token(i)], quantizer::range_bound(m), rule));
+        }
+      }
+    }
+  }
+  /// Moves the records of one stream side whose new width (width[j], records numbered as decide_widths does)
+  /// differs from their bucket's, in place, bucket by bucket: the bucket is compacted over the records that
+  /// stay (one memmove per run of them) and the movers are staged, lowered by a shift or raised from the mirror
+  /// (RecordFormat::raise; the mirror row of the raise kAhead further on is prefetched, as those rows are cold,
+  /// random reads), then appended to their new buckets at the end. A bucket nobody leaves is not touched.
+  void rebucket(std::size_t st, bool key, const std::uint8_t* width, Staging& sg) {
     constexpr std::size_t kAhead = 8;
     const int d = cfg_.head_dim;
     Side& sd = key ? keys_[st] : values_[st];
     const half_t* mirror = (key ? mirror_k_[st] : mirror_v_[st]).data();
-    const history* hist = hist_[st].data();
-    // A key's width needs its history only for full() (B_max until n observations), and full() is monotone in
-    // the token id: every update observes every token and tokens are appended in order, so a token has seen
-    // at least as many steps as any later one. Tokens [0, n_full) are full.
-    const std::uint32_t n_full = std::uint32_t(
-        std::partition_point(hist, hist + hist_[st].size(), [](const history& h) { return h.full(); }) - hist);
     const std::size_t row_bytes = std::size_t(d) * sizeof(half_t);
     auto prefetch = [](const void* p, std::size_t bytes) {
       for (std::size_t o = 0; o < bytes; o += 64) __builtin_prefetch(static_cast<const char*>(p) + o, 0, 1);
     };
+    const int side = key ? 0 : 1;
     for (auto& bk : sg.moved.bucket) bk.clear();  // keeps its capacity: no allocation (and page faults) per step
     for (int b = BMin; b <= BMax; ++b) {
       const std::size_t rb = record::bytes(d, b, id_bytes_);
       std::vector<std::byte>& bk = sd.bucket[std::size_t(b - BMin)];
       const std::size_t n = bk.size() / rb;
+      const std::uint8_t* wb = width;
+      width += n;
+      sg.stats.records[side] += n;
       auto token = [&](std::size_t i) { return record::token(bk.data() + i * rb, d, b, id_bytes_); };
-      sg.width.resize(n);
       sg.raises.clear();
+      std::size_t movers = 0;
       for (std::size_t i = 0; i < n; ++i) {
-        int nb;
-        if (key) {  // quantizer::width without the random history read (n_full above)
-          nb = token(i) < n_full ? rule.key(quantizer::range_bound(record::meta(bk.data() + i * rb))) : BMax;
-        } else {
-          if (i + kAhead < n) __builtin_prefetch(hist + token(i + kAhead), 0, 1);
-          nb = quantizer::width(hist[token(i)], record::meta(bk.data() + i * rb), rule, false);
-        }
-        sg.width[i] = std::uint8_t(nb);
-        if (nb > b) sg.raises.push_back(std::uint32_t(i));
+        movers += wb[i] != b;
+        if (wb[i] > b) sg.raises.push_back(std::uint32_t(i));
       }
+      if (movers == 0) continue;
       for (std::size_t j = 0; j < std::min(kAhead, sg.raises.size()); ++j)
         prefetch(mirror + std::size_t(token(sg.raises[j])) * d, row_bytes);
       // records [run, i) stay and are not yet moved down to `keep` (moved as one block per run)
@@ -382,7 +419,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
         keep += end - run;
       };
       for (std::size_t i = 0; i < n; ++i) {
-        const int nb = sg.width[i];
+        const int nb = wb[i];
         if (nb == b) continue;
         const std::byte* r = bk.data() + i * rb;
         flush_run(i * rb);
@@ -400,10 +437,8 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
         }
       }
       flush_run(bk.size());
-      const int side = key ? 0 : 1;
-      sg.stats.records[side] += n;
       sg.stats.raised[side] += sg.raises.size();
-      sg.stats.lowered[side] += n - keep / rb - sg.raises.size();
+      sg.stats.lowered[side] += movers - sg.raises.size();
       bk.resize(keep);
     }
     for (int b = 0; b < kWidths; ++b) {

@@ -101,16 +101,22 @@ struct QaqQuantizer {
     return static_cast<std::uint8_t>(code >> (from - b));
   }
   /// Upper bound on the non-outliers' range that the metadata gives back (the width rule's range_t).
-  KVC_HOST_DEVICE static double range_bound(QuantMeta m) noexcept {
-    return double(m.step.to_float()) * double(1u << BMax);
-  }
+  KVC_HOST_DEVICE static double range_bound(QuantMeta m) noexcept { return range_bound(m.step.to_float()); }
+  /// range_bound of a step_max already widened to float.
+  KVC_HOST_DEVICE static double range_bound(float step_max) noexcept { return double(step_max) * double(1u << BMax); }
   /// The width the step's `rule` gives a token with history `hist` and metadata m (keys: `key`): B_max until
-  /// the history holds n observations (SPEC §2.4 [code]). The host cache and the device update both use it.
+  /// the history holds n observations (SPEC §2.4 [code]). The host cache, the fused CPU step and the device
+  /// update all use it (or key_width / value_width, the same expressions).
   KVC_HOST_DEVICE static int width(const history& hist, QuantMeta m, const qaq::StepWidths<Bounds>& rule,
                                    bool key) noexcept {
-    if (!hist.full()) return BMax;
-    const double range = range_bound(m);
-    return key ? rule.key(range) : rule.value(range, hist.s_hat_code());
+    return key ? key_width(hist.full(), range_bound(m), rule) : value_width(hist, range_bound(m), rule);
+  }
+  /// A key's width: it needs of its history only whether it is full.
+  KVC_HOST_DEVICE static int key_width(bool full, double range, const qaq::StepWidths<Bounds>& rule) noexcept {
+    return full ? rule.key(range) : BMax;
+  }
+  KVC_HOST_DEVICE static int value_width(const history& hist, double range, const qaq::StepWidths<Bounds>& rule) noexcept {
+    return hist.full() ? rule.value(range, hist.s_hat_code()) : BMax;
   }
   /// Reconstruction of channel c from its width-b code (outliers not applied).
   KVC_HOST_DEVICE static float decode(QuantMeta m, int b, std::uint8_t code_b) noexcept {
