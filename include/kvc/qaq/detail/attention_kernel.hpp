@@ -10,7 +10,8 @@
 ///   scores:  s_t = zero_t sum_c q_c + scale_t (q . code_t) + sum_outliers q_c (x_c - x^_c)   (log2 domain;
 ///            Precision::kFast on AVX2/AVX-512: q . code_t = qscale (qi . code_t) in exact int32, qi the
 ///            query rounded to int16 per head)
-///   softmax: per query head, vectorised exp2; the group's largest probability per token (SPEC Q6)
+///   softmax: per query head over the token-major [T][g] scores, vectorised exp2; the group's largest
+///            probability per token (SPEC Q6) is taken in the value pass, from the line it reads anyway
 ///   values:  o += (p_t scale_t) code_t, plus p_t zero_t summed apart and added to every channel at the end,
 ///            plus p_t (x_c - x^_c) per outlier.
 /// kExact: float arithmetic; results differ from the portable path only in summation order and exp2's < 2e-7
