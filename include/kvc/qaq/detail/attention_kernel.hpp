@@ -390,7 +390,6 @@ inline bool softmax(const Stream& st) noexcept {
   }
   std::size_t i = 0;
   if (P <= kMaxPhases) {
-    const int L = P * F::N;
     F iv[kMaxPhases];
     alignas(64) float lanes[kMaxPhases * F::N];
     for (int j = 0; j < L; ++j) lanes[j] = inv[j % g];
