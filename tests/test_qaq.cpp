@@ -112,6 +112,34 @@ TEST(QaqWidth, StepWidthsEqualThePerTokenFormulas) {
       }
 }
 
+// The limits on step_max's fp16 bits give the rule's width for every fp16 step (finite, infinite, NaN, negative)
+// and every probability code: at the T <= 1 and ||Q||^2 == 0 guards, and at targets that put the crossings
+// inside the finite range, at its ends and outside it.
+template <int BMin, int BMax>
+void expect_limits_equal_the_rule() {
+  using Q = kvc::QaqQuantizer<BMin, BMax>;
+  for (int T : {1, 2, 300, 32768, 1 << 20})
+    for (double qn2 : {0.0, 0.37, 5.0})
+      for (double sigma : {1e-9, 3e-3, 0.2, 1e6}) {
+        const kvc::qaq::StepWidths<> rule(T, sigma, qn2, 10 * sigma, Q::widths());
+        typename Q::StepLimits limits(rule);
+        for (int code = 0; code < 256; code += T == 32768 ? 11 : 51)
+          for (std::uint32_t bits = 0; bits <= 0xffff; ++bits) {
+            const kvc::half_t step{std::uint16_t(bits)};
+            const double range = Q::range_bound(step.to_float());
+            if (code == 0) {
+              ASSERT_EQ(limits.key(step.bits), rule.key(range)) << T << " " << qn2 << " " << sigma << " " << bits;
+            }
+            ASSERT_EQ(limits.value(step.bits, std::uint8_t(code)), rule.value(range, std::uint8_t(code)))
+                << T << " " << qn2 << " " << sigma << " " << code << " " << bits;
+          }
+      }
+}
+TEST(QaqWidth, StepLimitsEqualTheRuleForEveryFp16Step) {
+  expect_limits_equal_the_rule<1, 8>();
+  expect_limits_equal_the_rule<2, 6>();
+}
+
 TEST(QaqHistory, ProbabilityCodesRoundTowardLargerProbabilities) {
   using kvc::qaq::ProbCode;
   EXPECT_EQ(ProbCode::encode(1.0f), 0);
@@ -852,6 +880,14 @@ TEST(QaqCache, BadInputIsRejectedAndLeavesTheCacheUnchanged) {
   probs.row(0, 1)[7] = 1.5f;
   EXPECT_EQ(error_of([&] { c.update_widths(0, probs); }), kvc::Errc::kInvalidArgument);
   unchanged();
+  for (float p : {std::nanf(""), -0.25f, std::numeric_limits<float>::infinity()}) {  // named: sequence, head, token
+    probs.resize(2, H, 8);
+    probs.row(1, 0)[2] = p;
+    std::string what;
+    EXPECT_EQ(error_of([&] { c.update_widths(0, probs); }, &what), kvc::Errc::kInvalidArgument) << p;
+    EXPECT_NE(what.find("sequence 1 KV head 0 token 2"), std::string::npos) << what;
+    unchanged();
+  }
   probs.resize(2, H, 4);  // too short for sequence 0
   EXPECT_EQ(error_of([&] { c.update_widths(0, probs); }), kvc::Errc::kInvalidArgument);
   unchanged();

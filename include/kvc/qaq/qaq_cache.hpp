@@ -179,12 +179,15 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       const int T = length(layer, s);
       KVC_CHECK(T <= probs.stride, Errc::kInvalidArgument, "QAQ probabilities hold ", probs.stride,
                 " tokens per stream, sequence ", s, " holds ", T);
-      for (int h = 0; h < cfg_.kv_heads; ++h)
-        for (int t = 0; t < T; ++t) {
-          const float p = probs.row(s, h)[t];
-          KVC_CHECK(std::isfinite(p) && p >= 0.0f && p <= 1.0f, Errc::kInvalidArgument, "QAQ probability of sequence ",
-                    s, " KV head ", h, " token ", t, " is ", p, " (must be in [0, 1])");
-        }
+      for (int h = 0; h < cfg_.kv_heads; ++h) {
+        const float* row = probs.row(s, h);
+        bool bad = false;  // a branch-free scan (NaN fails both comparisons), the culprit found only on failure
+        for (int t = 0; t < T; ++t) bad |= !(row[t] >= 0.0f && row[t] <= 1.0f);
+        if (!bad) continue;
+        const int t = int(std::find_if(row, row + T, [](float p) { return !(p >= 0.0f && p <= 1.0f); }) - row);
+        KVC_CHECK(false, Errc::kInvalidArgument, "QAQ probability of sequence ", s, " KV head ", h, " token ", t, " is ",
+                  row[t], " (must be in [0, 1])");
+      }
     }
     ++updates_;
     if constexpr (!kAdaptive) return;
@@ -361,6 +364,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     const Side& sd = key ? keys_[st] : values_[st];
     const history* hist = hist_[st].data();
     const std::uint32_t n_full = full_prefix(hist_[st]);
+    typename quantizer::StepLimits limits(rule);  // the rule as integer compares on step_max's fp16 bits
     width.resize(hist_[st].size());
     std::size_t j = 0;
     for (int b = BMin; b <= BMax; ++b) {
@@ -369,12 +373,13 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       const std::size_t n = bk.size() / rb;
       auto token = [&](std::size_t i) { return record::token(bk.data() + i * rb, d, b, id_bytes_); };
       for (std::size_t i = 0; i < n; ++i, ++j) {
-        const QuantMeta m = record::meta(bk.data() + i * rb);
-        if (key) {
-          width[j] = std::uint8_t(quantizer::key_width(token(i) < n_full, quantizer::range_bound(m), rule));
-        } else {
+        const std::uint16_t step = record::meta(bk.data() + i * rb).step.bits;
+        if (key) {  // quantizer::key_width
+          width[j] = std::uint8_t(token(i) < n_full ? limits.key(step) : BMax);
+        } else {  // quantizer::value_width
           if (i + kAhead < n) __builtin_prefetch(hist + token(i + kAhead), 0, 1);
-          width[j] = std::uint8_t(quantizer::value_width(hist[token(i)], quantizer::range_bound(m), rule));
+          const history& h = hist[token(i)];
+          width[j] = std::uint8_t(h.full() ? limits.value(step, h.s_hat_code()) : BMax);
         }
       }
     }

@@ -25,7 +25,9 @@
 #include <kvc/qaq/bit_width.hpp>
 #include <kvc/quant/codec.hpp>
 
+#include <array>
 #include <cstdint>
+#include <limits>
 
 namespace kvc {
 
@@ -118,6 +120,75 @@ struct QaqQuantizer {
   KVC_HOST_DEVICE static int value_width(const history& hist, double range, const qaq::StepWidths<Bounds>& rule) noexcept {
     return hist.full() ? rule.value(range, hist.s_hat_code()) : BMax;
   }
+  /// One step's width rule as limits on the fp16 bits of step_max (host): a full history's width is
+  /// BMin + #{b in [BMin, BMax) : step_max bits > limit[b]}, limit[b] the largest step_max (bits) that the rule
+  /// puts at width <= b (-1: none). Exact, not an approximation: the rule is non-decreasing in step_max (a
+  /// division by a positive denominator, then ceil(log2)), non-negative fp16 values order as their bits, and
+  /// each limit is found by evaluating the rule itself (a bisection bracketed around step_max ~
+  /// denominator 2^(b - BMax)): key() and value() equal key_width / value_width for every finite step_max >= 0
+  /// (tested over every fp16 step and code); other bits take the rule directly. Value limits are built per
+  /// probability code on first use. Replaces a double division and its guards per record with 7 integer
+  /// compares.
+  class StepLimits {
+   public:
+    explicit StepLimits(const qaq::StepWidths<Bounds>& rule) : rule_(&rule) {
+      key_ = limits([&](double range) { return rule.key(range); }, rule.key_denom);
+    }
+    /// The width of a key with a full history and step_max bits `step` (key_width).
+    [[nodiscard]] int key(std::uint16_t step) const noexcept {
+      return step <= kMaxFinite ? count(key_, step) : rule_->key(range_bound(half_t{step}.to_float()));
+    }
+    /// The width of a value with a full history, S^ code `code` and step_max bits `step` (value_width).
+    [[nodiscard]] int value(std::uint16_t step, std::uint8_t code) {
+      if (step > kMaxFinite) return rule_->value(range_bound(half_t{step}.to_float()), code);
+      if (!built_[code]) {
+        value_[code] = limits([&](double range) { return rule_->value(range, code); }, rule_->value_denom[code]);
+        built_[code] = true;
+      }
+      return count(value_[code], step);
+    }
+
+   private:
+    static constexpr int kLanes = 8;                   // >= BMax - BMin; spare lanes never count
+    static constexpr std::uint16_t kMaxFinite = 0x7bff;  // largest finite fp16 bits (65504)
+    using Limits = std::array<std::int16_t, kLanes>;
+    static int count(const Limits& lim, std::uint16_t step) noexcept {
+      int w = BMin;
+      for (int j = 0; j < kLanes; ++j) w += int(std::int16_t(step) > lim[std::size_t(j)]);
+      return w;
+    }
+    /// The limits of `rule` (range -> width); `denom` its denominator, a hint: widths change near step_max =
+    /// denom 2^(b - BMax), and the bisection, not the hint, decides.
+    template <class Rule>
+    static Limits limits(Rule&& rule, double denom) {
+      auto width = [&](int bits) { return rule(range_bound(half_t{std::uint16_t(bits)}.to_float())); };
+      Limits lim;
+      lim.fill(std::numeric_limits<std::int16_t>::max());
+      for (int b = BMin; b < BMax; ++b) {
+        // largest bits in [0, kMaxFinite] with width <= b: lo satisfies it, hi does not (or is past the end)
+        int lo = -1, hi = kMaxFinite + 1;
+        const double guess = denom * double(1u << b) / double(1u << BMax);
+        if (guess > 0.0 && guess < double(half_t::kMax)) {  // bracket the crossing, then bisect
+          const int c = half_t::from_float(float(guess)).bits;
+          if (c - 2 >= 0 && width(c - 2) <= b) lo = c - 2;
+          if (c + 2 <= kMaxFinite && width(c + 2) > b) hi = c + 2;
+        }
+        if (lo < 0 && width(0) <= b) lo = 0;
+        if (lo >= 0)
+          while (hi - lo > 1) {
+            const int mid = (lo + hi) / 2;
+            (width(mid) <= b ? lo : hi) = mid;
+          }
+        lim[std::size_t(b - BMin)] = std::int16_t(lo);
+      }
+      return lim;
+    }
+    const qaq::StepWidths<Bounds>* rule_;
+    Limits key_;
+    std::array<Limits, 256> value_;
+    std::array<bool, 256> built_{};
+  };
+
   /// Reconstruction of channel c from its width-b code (outliers not applied).
   KVC_HOST_DEVICE static float decode(QuantMeta m, int b, std::uint8_t code_b) noexcept {
     const Affine a = affine(m, b);
