@@ -107,8 +107,8 @@ struct QaqQuantizer {
   /// range_bound of a step_max already widened to float.
   KVC_HOST_DEVICE static double range_bound(float step_max) noexcept { return double(step_max) * double(1u << BMax); }
   /// The width the step's `rule` gives a token with history `hist` and metadata m (keys: `key`): B_max until
-  /// the history holds n observations (SPEC §2.4 [code]). The host cache, the fused CPU step and the device
-  /// update all use it (or key_width / value_width, the same expressions).
+  /// the history holds n observations (SPEC §2.4 [code]). The device update uses it; the host cache uses
+  /// StepLimits, equal to it (key_width / value_width are its two halves).
   KVC_HOST_DEVICE static int width(const history& hist, QuantMeta m, const qaq::StepWidths<Bounds>& rule,
                                    bool key) noexcept {
     return key ? key_width(hist.full(), range_bound(m), rule) : value_width(hist, range_bound(m), rule);
