@@ -179,12 +179,13 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       const int T = length(layer, s);
       KVC_CHECK(T <= probs.stride, Errc::kInvalidArgument, "QAQ probabilities hold ", probs.stride,
                 " tokens per stream, sequence ", s, " holds ", T);
+      auto invalid = [](float p) { return !(p >= 0.0f && p <= 1.0f); };  // NaN fails both comparisons
       for (int h = 0; h < cfg_.kv_heads; ++h) {
         const float* row = probs.row(s, h);
-        bool bad = false;  // a branch-free scan (NaN fails both comparisons), the culprit found only on failure
-        for (int t = 0; t < T; ++t) bad |= !(row[t] >= 0.0f && row[t] <= 1.0f);
+        bool bad = false;  // a branch-free scan, the culprit found only on failure
+        for (int t = 0; t < T; ++t) bad |= invalid(row[t]);
         if (!bad) continue;
-        const int t = int(std::find_if(row, row + T, [](float p) { return !(p >= 0.0f && p <= 1.0f); }) - row);
+        const int t = int(std::find_if(row, row + T, invalid) - row);
         KVC_CHECK(false, Errc::kInvalidArgument, "QAQ probability of sequence ", s, " KV head ", h, " token ", t, " is ",
                   row[t], " (must be in [0, 1])");
       }

@@ -351,22 +351,22 @@ inline bool softmax(const Stream& st) noexcept {
   float *m = st.heads, *sum = st.heads + g, *inv = st.heads + 2 * g;
   std::fill_n(m, g, -std::numeric_limits<float>::infinity());
   std::fill_n(sum, g, 0.0f);
+  alignas(64) float lanes[kMaxPhases * F::N];
+  F acc[kMaxPhases], pat[kMaxPhases];
+  // lanes -> per head, and per head -> a pattern of P vectors (P <= kMaxPhases)
+  auto fold = [&](float* per_head, auto&& combine) {
+    for (int v = 0; v < P; ++v) acc[v].store(lanes + v * F::N);
+    for (int j = 0; j < L; ++j) per_head[j % g] = combine(per_head[j % g], lanes[j]);
+  };
+  auto pattern = [&](const float* per_head) {
+    for (int j = 0; j < L; ++j) lanes[j] = per_head[j % g];
+    for (int v = 0; v < P; ++v) pat[v] = F::load(lanes + v * F::N);
+  };
   if (P > kMaxPhases) {  // a group size with too many lane patterns: element by element
     for (std::size_t i = 0; i < n; ++i) m[i % g] = std::max(m[i % g], s[i]);
     for (std::size_t i = 0; i < n; ++i) sum[i % g] += (s[i] = simd::exp2_scalar(s[i] - m[i % g]));
   } else {
     const std::size_t nv = n / std::size_t(L) * std::size_t(L);
-    alignas(64) float lanes[kMaxPhases * F::N];
-    F acc[kMaxPhases], pat[kMaxPhases];
-    // lanes -> per head, and per head -> a pattern of P vectors
-    auto fold = [&](float* per_head, auto&& combine) {
-      for (int v = 0; v < P; ++v) acc[v].store(lanes + v * F::N);
-      for (int j = 0; j < L; ++j) per_head[j % g] = combine(per_head[j % g], lanes[j]);
-    };
-    auto pattern = [&](const float* per_head) {
-      for (int j = 0; j < L; ++j) lanes[j] = per_head[j % g];
-      for (int v = 0; v < P; ++v) pat[v] = F::load(lanes + v * F::N);
-    };
     for (int v = 0; v < P; ++v) acc[v] = F::set1(-std::numeric_limits<float>::infinity());
     for (std::size_t i = 0; i < nv; i += std::size_t(L))
       for (int v = 0; v < P; ++v) acc[v] = simd::max(acc[v], F::load(s + i + v * F::N));
@@ -390,12 +390,9 @@ inline bool softmax(const Stream& st) noexcept {
   }
   std::size_t i = 0;
   if (P <= kMaxPhases) {
-    F iv[kMaxPhases];
-    alignas(64) float lanes[kMaxPhases * F::N];
-    for (int j = 0; j < L; ++j) lanes[j] = inv[j % g];
-    for (int v = 0; v < P; ++v) iv[v] = F::load(lanes + v * F::N);
+    pattern(inv);
     for (; i + std::size_t(L) <= n; i += std::size_t(L))
-      for (int v = 0; v < P; ++v) (F::load(s + i + v * F::N) * iv[v]).store(s + i + v * F::N);
+      for (int v = 0; v < P; ++v) (F::load(s + i + v * F::N) * pat[v]).store(s + i + v * F::N);
   }
   for (; i < n; ++i) s[i] *= inv[i % g];
   return ok;
