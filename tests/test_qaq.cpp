@@ -785,6 +785,80 @@ TEST(QaqCache, LoweringShiftsAndRaisingRestoresFromTheMirror) {
   EXPECT_GE(first, last);
 }
 
+// Keys are re-decided only when the step's key limits change (decide_keys): at long context they stay equal for
+// several steps while tokens keep filling their histories. Whichever path a step takes, every key must sit at
+// the rule's width after it: across steps with equal and with changed limits, a target change, ragged streams
+// (a second sequence of another length) and a cleared, refilled sequence.
+// Run with windows n = 5 and n = 1 (with n = 1 a refilled history is full after its first step).
+template <class Cache>
+void keys_follow_the_rule() {
+  const int d = 64, H = 2, T0 = 3000, steps = 40;
+  const std::vector<int> prefill{T0, T0 / 3};
+  const int batch = int(prefill.size());
+  std::vector<kvc_test::KV> x;
+  for (int s = 0; s < batch; ++s) x.push_back(kvc_test::random_kv(T0 + steps + 8, H, d, 500 + s));
+  Cache c({1, batch, H, d, T0 + steps + 8}, {1e-4, 1e-2}, unit_calibration(1, H, d));
+  for (int s = 0; s < batch; ++s) c.append(0, s, x[std::size_t(s)].kview(0, prefill[std::size_t(s)]), x[std::size_t(s)].vview(0, prefill[std::size_t(s)]));
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  kvc::qaq::TokenProbs probs;
+  auto step = [&] {
+    probs.resize(batch, H, T0 + steps + 8);
+    for (float& p : probs.p) p = u(rng) * u(rng) * 0.01f;
+    c.update_widths(0, probs);
+  };
+  auto key_limits = [&](int T) {
+    const kvc::qaq::StepWidths<> rule(T, c.targets().key_sigma_s, 1.0, c.targets().value_sigma_x, Cache::quantizer::widths());
+    return typename Cache::quantizer::StepLimits(rule).key_limits();
+  };
+  auto expect_keys_at_the_rule = [&](const std::string& when) {
+    for (int s = 0; s < batch; ++s)
+      for (int h = 0; h < H; ++h) {
+        const kvc::qaq::StepWidths<> rule(c.length(0, s), c.targets().key_sigma_s, 1.0, c.targets().value_sigma_x,
+                                          Cache::quantizer::widths());
+        const auto& hist = c.histories(0, s, h);
+        c.for_each_record(c.keys(0, s, h), [&](const std::byte* r, int b, std::uint32_t t) {
+          ASSERT_EQ(b, Cache::quantizer::width(hist[t], Cache::record::meta(r), rule, true))
+              << when << " seq " << s << " head " << h << " token " << t;
+        });
+      }
+  };
+  int same = 0, changed = 0;
+  for (int i = 0; i < steps; ++i) {
+    for (int s = 0; s < batch; ++s) {
+      const int t = c.length(0, s);
+      c.append(0, s, x[std::size_t(s)].kview(t, 1), x[std::size_t(s)].vview(t, 1));
+    }
+    (key_limits(c.length(0, 0)) == key_limits(c.length(0, 0) - 1) ? same : changed) += 1;
+    step();
+    expect_keys_at_the_rule("step " + std::to_string(i));
+    if (i == steps / 2) {
+      c.set_targets({3e-4, 1e-2});  // new limits at the same length
+      step();
+      expect_keys_at_the_rule("after the target change");
+    }
+  }
+  EXPECT_GT(same, 0);  // both paths ran (sequence 0's limits; sequence 1's change more often)
+  EXPECT_GT(changed, 0);
+  int used = 0;
+  for (std::size_t n : c.width_counts(0, 0)) used += n > 0;
+  EXPECT_GE(used, 3);  // keys spread over several widths
+  // A cleared sequence refilled to the same length (so the same limits) starts over: once its histories fill,
+  // its keys are decided.
+  const int refill = c.length(0, 1);
+  c.clear(1);
+  c.append(0, 1, x[1].kview(0, refill), x[1].vview(0, refill));
+  for (int i = 0; i < 7; ++i) {
+    step();
+    expect_keys_at_the_rule("after clear, step " + std::to_string(i));
+  }
+  EXPECT_LT(c.width_counts(0, 0)[8], std::size_t(H) * (T0 + steps + 8));
+}
+TEST(QaqCache, KeysFollowTheRuleWhetherOrNotTheStepsLimitsChange) {
+  keys_follow_the_rule<Qaq>();
+  keys_follow_the_rule<kvc::CompressedKVCache<kvc::QaqQuantizer<1, 8, 10, 1>>>();
+}
+
 // The device arena (qaq/arena.hpp) is the host buckets back to back: bucket offsets and the record numbering
 // that the device kernels use find every host record, in bucket order.
 TEST(QaqArena, AddressesEveryRecordOfTheHostBuckets) {

@@ -103,6 +103,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     keys_.resize(streams);
     values_.resize(streams);
     hist_.resize(streams);
+    key_memo_.resize(streams);
     mirror_k_.resize(streams);
     mirror_v_.resize(streams);
     lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
@@ -193,13 +194,13 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     ++updates_;
     if constexpr (!kAdaptive) return;
     for_each_stream(layer, [&](int i, std::size_t st, int T, Staging& sg) {
-      const float* p = probs.row(i / cfg_.kv_heads, i % cfg_.kv_heads);
-      for (int t = 0; t < T; ++t) hist_[st][std::size_t(t)].push(p[t]);
       const qaq::StepWidths<Bounds> rule = step_rule(layer, i % cfg_.kv_heads, T);
-      for (int side = 0; side < 2; ++side) {
-        decide_widths(st, side == 0, rule, sg.width);
-        rebucket(st, side == 0, sg.width.data(), sg);
-      }
+      typename quantizer::StepLimits limits(rule);  // the rule as integer compares on step_max's fp16 bits
+      const std::uint32_t n_full = full_after_push(hist_[st]);
+      push_and_decide_values(st, probs.row(i / cfg_.kv_heads, i % cfg_.kv_heads), limits, sg.width);
+      rebucket(st, false, sg.width.data(), sg);
+      decide_keys(st, n_full, limits, sg.width);
+      rebucket(st, true, sg.width.data(), sg);
     });
   }
 
@@ -221,6 +222,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
         keys_[st] = Side{};
         values_[st] = Side{};
         hist_[st].clear();
+        key_memo_[st] = KeyMemo{};
         mirror_k_[st].clear();
         mirror_v_[st].clear();
       }
@@ -303,7 +305,8 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   /// One thread's scratch of rebucket(), kept between steps (its capacity is reused: no allocation per step).
   struct Staging {
     Side moved;                          // the movers, by new width
-    std::vector<std::uint8_t> width;     // new width of every record of the side being updated (decide_widths)
+    std::vector<std::uint8_t> width;     // new width of every record of the side being updated (decide_keys and
+                                         // push_and_decide_values)
     std::vector<std::uint32_t> raises;   // indices of its records being raised
     qaq::UpdateStats stats;              // this thread's share of update_stats()
   };
@@ -329,11 +332,13 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
                                    quantizer::widths());
   }
 
-  /// Tokens [0, n) of a stream whose histories are full: full() is monotone in the token id, as every update
-  /// observes every token and tokens are appended in order (a token has seen at least as many steps as any later
-  /// one), so n is one partition point.
-  [[nodiscard]] static std::uint32_t full_prefix(const std::vector<history>& hist) noexcept {
-    return std::uint32_t(std::partition_point(hist.begin(), hist.end(), [](const history& h) { return h.full(); }) -
+  /// Tokens [0, n) of a stream whose histories will be full after this step's push (full() is monotone in the
+  /// token id, as every update observes every token and tokens are appended in order: a token has seen at least
+  /// as many steps as any later one, so n is one partition point; one more observation fills a history that
+  /// has seen n - 1).
+  [[nodiscard]] static std::uint32_t full_after_push(const std::vector<history>& hist) noexcept {
+    return std::uint32_t(std::partition_point(hist.begin(), hist.end(),
+                                              [](const history& h) { return h.seen + 1 >= quantizer::kWindow; }) -
                          hist.begin());
   }
   /// Runs f(i, stream, length, staging) for every (sequence, KV head) stream i of `layer`, in parallel.
@@ -356,16 +361,16 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       f(i, stream(layer, s, i % cfg_.kv_heads), lengths_[std::size_t(layer) * cfg_.batch + s], sg);
     }
   }
-  /// The new width of every record of one stream side under `rule` (histories already pushed), records numbered
-  /// bucket by bucket (width BMin first) in their order. The history of the record kAhead further on is
-  /// prefetched: tokens lie in any order, so histories are random reads (keys need none: full_prefix).
-  void decide_widths(std::size_t st, bool key, const qaq::StepWidths<Bounds>& rule, std::vector<std::uint8_t>& width) const {
+  /// Records this step's probability p[t] in every token's history, then gives each value record its new width
+  /// (quantizer::value_width through `limits`) in width[j], records numbered bucket by bucket (width BMin first)
+  /// in their order. Every token has one value record, so each history is pushed exactly once; tokens lie in any
+  /// order, so the history kAhead records on is prefetched.
+  void push_and_decide_values(std::size_t st, const float* p, typename quantizer::StepLimits& limits,
+                              std::vector<std::uint8_t>& width) {
     constexpr std::size_t kAhead = 8;
     const int d = cfg_.head_dim;
-    const Side& sd = key ? keys_[st] : values_[st];
-    const history* hist = hist_[st].data();
-    const std::uint32_t n_full = full_prefix(hist_[st]);
-    typename quantizer::StepLimits limits(rule);  // the rule as integer compares on step_max's fp16 bits
+    const Side& sd = values_[st];
+    history* hist = hist_[st].data();
     width.resize(hist_[st].size());
     std::size_t j = 0;
     for (int b = BMin; b <= BMax; ++b) {
@@ -374,19 +379,49 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       const std::size_t n = bk.size() / rb;
       auto token = [&](std::size_t i) { return record::token(bk.data() + i * rb, d, b, id_bytes_); };
       for (std::size_t i = 0; i < n; ++i, ++j) {
-        const std::uint16_t step = record::meta(bk.data() + i * rb).step.bits;
-        if (key) {  // quantizer::key_width
-          width[j] = std::uint8_t(token(i) < n_full ? limits.key(step) : BMax);
-        } else {  // quantizer::value_width
-          if (i + kAhead < n) __builtin_prefetch(hist + token(i + kAhead), 0, 1);
-          const history& h = hist[token(i)];
-          width[j] = std::uint8_t(h.full() ? limits.value(step, h.s_hat_code()) : BMax);
-        }
+        if (i + kAhead < n) __builtin_prefetch(hist + token(i + kAhead), 1, 1);
+        const std::uint32_t t = token(i);
+        history& h = hist[t];
+        h.push(p[t]);
+        width[j] = std::uint8_t(h.full() ? limits.value(record::meta(bk.data() + i * rb).step.bits, h.s_hat_code()) : BMax);
       }
     }
   }
-  /// Moves the records of one stream side whose new width (width[j], records numbered as decide_widths does)
-  /// differs from their bucket's, in place, bucket by bucket: the bucket is compacted over the records that
+  /// The new width of every key record (numbered as push_and_decide_values numbers values): B_max for tokens
+  /// [n_full, T) (histories not yet full), quantizer::key_width through `limits` for the others. Keys depend on
+  /// the step only through the limits, which move about once in tens of steps at long context (the bound
+  /// varies as log T); while they stay equal to the last update's, only the keys whose histories filled since
+  /// then (tokens >= the last n_full: all in bucket B_max) are decided, and every other key keeps its width:
+  /// the same result as deciding all of them (step_max is a finite fp16 >= 0 by construction, which the limits
+  /// cover exactly), without reading their records.
+  void decide_keys(std::size_t st, std::uint32_t n_full, const typename quantizer::StepLimits& limits,
+                   std::vector<std::uint8_t>& width) {
+    const int d = cfg_.head_dim;
+    const Side& sd = keys_[st];
+    KeyMemo& memo = key_memo_[st];
+    const bool same = memo.valid && memo.limits == limits.key_limits();
+    const std::uint32_t first = same ? memo.decided : 0;  // tokens below it keep their widths
+    width.resize(hist_[st].size());
+    std::size_t j = 0;
+    for (int b = BMin; b <= BMax; ++b) {
+      const std::size_t rb = record::bytes(d, b, id_bytes_);
+      const std::vector<std::byte>& bk = sd.bucket[std::size_t(b - BMin)];
+      const std::size_t n = bk.size() / rb;
+      if (same && b < BMax) {  // every key below B_max is a token < memo.decided
+        std::memset(width.data() + j, b, n);
+        j += n;
+        continue;
+      }
+      for (std::size_t i = 0; i < n; ++i, ++j) {
+        const std::byte* r = bk.data() + i * rb;
+        const std::uint32_t t = record::token(r, d, b, id_bytes_);
+        width[j] = std::uint8_t(t < first ? b : (t < n_full ? limits.key(record::meta(r).step.bits) : BMax));
+      }
+    }
+    memo = {limits.key_limits(), n_full, true};
+  }
+  /// Moves the records of one stream side whose new width (width[j], records numbered bucket by bucket) differs
+  /// from their bucket's, in place, bucket by bucket: the bucket is compacted over the records that
   /// stay (one memmove per run of them) and the movers are staged, lowered by a shift or raised from the mirror
   /// (RecordFormat::raise; the mirror row of the raise kAhead further on is prefetched, as those rows are cold,
   /// random reads), then appended to their new buckets at the end. A bucket nobody leaves is not touched.
@@ -410,12 +445,21 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       sg.stats.records[side] += n;
       auto token = [&](std::size_t i) { return record::token(bk.data() + i * rb, d, b, id_bytes_); };
       sg.raises.clear();
-      std::size_t movers = 0;
+      std::array<std::size_t, kWidths> incoming{};  // movers into each width
       for (std::size_t i = 0; i < n; ++i) {
-        movers += wb[i] != b;
+        ++incoming[std::size_t(wb[i] - BMin)];
         if (wb[i] > b) sg.raises.push_back(std::uint32_t(i));
       }
+      const std::size_t movers = n - incoming[std::size_t(b - BMin)];
       if (movers == 0) continue;
+      // the movers' slots in the staged buckets, sized once (not one resize, and its zero fill, per record)
+      std::array<std::byte*, kWidths> out{};
+      for (int nb = BMin; nb <= BMax; ++nb) {
+        std::vector<std::byte>& dst = sg.moved.bucket[std::size_t(nb - BMin)];
+        const std::size_t at = dst.size(), add = nb == b ? 0 : incoming[std::size_t(nb - BMin)];
+        dst.resize(at + add * record::bytes(d, nb, id_bytes_));
+        out[std::size_t(nb - BMin)] = dst.data() + at;
+      }
       for (std::size_t j = 0; j < std::min(kAhead, sg.raises.size()); ++j)
         prefetch(mirror + std::size_t(token(sg.raises[j])) * d, row_bytes);
       // records [run, i) stay and are not yet moved down to `keep` (moved as one block per run)
@@ -424,24 +468,26 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
         if (keep != run && end > run) std::memmove(bk.data() + keep, bk.data() + run, end - run);
         keep += end - run;
       };
-      for (std::size_t i = 0; i < n; ++i) {
-        const int nb = wb[i];
-        if (nb == b) continue;
-        const std::byte* r = bk.data() + i * rb;
-        flush_run(i * rb);
-        run = (i + 1) * rb;
-        std::vector<std::byte>& dst = sg.moved.bucket[std::size_t(nb - BMin)];
-        const std::size_t at = dst.size();
-        dst.resize(at + record::bytes(d, nb, id_bytes_));
-        if (nb < b) {
-          record::lower(r, b, dst.data() + at, nb, d, id_bytes_);
-        } else {
-          if (raised + kAhead < sg.raises.size())
-            prefetch(mirror + std::size_t(token(sg.raises[raised + kAhead])) * d, row_bytes);
-          ++raised;
-          record::raise(r, b, dst.data() + at, nb, d, id_bytes_, mirror + std::size_t(token(i)) * d);
+      qaq::with_width<BMin, BMax>(b, [&]<int B>() {  // both widths constants in the moves
+        for (std::size_t i = 0; i < n; ++i) {
+          const int nb = wb[i];
+          if (nb == B) continue;
+          const std::byte* r = bk.data() + i * rb;
+          flush_run(i * rb);
+          run = (i + 1) * rb;
+          std::byte*& dst = out[std::size_t(nb - BMin)];
+          if (nb < B) {
+            qaq::with_width<BMin, B - 1>(nb, [&]<int NB>() { record::template lower<B, NB>(r, dst, d, id_bytes_); });
+          } else {
+            if (raised + kAhead < sg.raises.size())
+              prefetch(mirror + std::size_t(token(sg.raises[raised + kAhead])) * d, row_bytes);
+            ++raised;
+            const half_t* row = mirror + std::size_t(token(i)) * d;
+            qaq::with_width<B + 1, BMax>(nb, [&]<int NB>() { record::template raise<NB>(r, B, dst, d, id_bytes_, row); });
+          }
+          dst += record::bytes(d, nb, id_bytes_);
         }
-      }
+      });
       flush_run(bk.size());
       sg.stats.raised[side] += sg.raises.size();
       sg.stats.lowered[side] += movers - sg.raises.size();
@@ -459,6 +505,13 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   int id_bytes_ = 4;
   std::vector<Side> keys_, values_;
   std::vector<std::vector<history>> hist_;
+  /// Per stream, the key limits and n_full of its last update (decide_keys).
+  struct KeyMemo {
+    typename quantizer::StepLimits::Limits limits{};
+    std::uint32_t decided = 0;
+    bool valid = false;
+  };
+  std::vector<KeyMemo> key_memo_;
   std::vector<mirror_rows> mirror_k_, mirror_v_;
   std::vector<int> lengths_;
   std::vector<Staging> staging_;  // update_widths' per-thread scratch (not cache state) and counts

@@ -148,10 +148,14 @@ struct QaqQuantizer {
       return count(value_[code], step);
     }
 
-   private:
-    static constexpr int kLanes = 8;                   // >= BMax - BMin; spare lanes never count
-    static constexpr std::uint16_t kMaxFinite = 0x7bff;  // largest finite fp16 bits (65504)
+    static constexpr int kLanes = 8;  // >= BMax - BMin; spare lanes never count
     using Limits = std::array<std::int16_t, kLanes>;
+    /// The key limits: two steps whose key limits are equal give every key with finite step_max bits the same
+    /// width (the host cache then re-decides only the keys whose histories became full).
+    [[nodiscard]] const Limits& key_limits() const noexcept { return key_; }
+
+   private:
+    static constexpr std::uint16_t kMaxFinite = 0x7bff;  // largest finite fp16 bits (65504)
     static int count(const Limits& lim, std::uint16_t step) noexcept {
       int w = BMin;
       for (int j = 0; j < kLanes; ++j) w += int(std::int16_t(step) > lim[std::size_t(j)]);

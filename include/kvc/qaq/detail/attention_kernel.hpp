@@ -398,15 +398,6 @@ inline bool softmax(const Stream& st) noexcept {
   return ok;
 }
 
-/// Runs f.template operator()<W>() with W the run-time width b in [BMin, BMax].
-template <int BMin, int BMax, class F>
-void with_width(int b, F&& f) {
-  if constexpr (BMin <= BMax) {
-    if (b == BMin) f.template operator()<BMin>();
-    else with_width<BMin + 1, BMax>(b, f);
-  }
-}
-
 /// Attention of one stream of a QAQ cache: ks/vs its key/value sides. Returns false on float overflow.
 template <class Cache>
 bool run_stream(const Cache& cache, const typename Cache::Side& ks, const typename Cache::Side& vs, const Stream& st,
@@ -420,7 +411,7 @@ bool run_stream(const Cache& cache, const typename Cache::Side& ks, const typena
       const auto& bk = side.bucket[std::size_t(b - Q::kMinBits)];
       const std::size_t rb = R::bytes(d, b, ids);
       if (bk.empty()) continue;
-      with_width<Q::kMinBits, Q::kMaxBits>(b, [&]<int W>() {
+      ::kvc::qaq::with_width<Q::kMinBits, Q::kMaxBits>(b, [&]<int W>() {
         auto token = [&](const std::byte* r, std::size_t i) -> std::size_t {
           if constexpr (Cache::kAdaptive) return (void)i, R::token(r, d, W, ids);
           else return (void)r, i;
