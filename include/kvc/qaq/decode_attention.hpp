@@ -52,6 +52,8 @@ struct QaqStream {
   float* zsum;        ///< [g] scratch: sum_t p_t zero_t
   float* codes;       ///< [4][d] scratch: up to 4 records' codes
   float* heads;       ///< [3][g] scratch: softmax's max, sum and 1 / sum per query head
+  const float* qt;    ///< [d][g] the query transposed: the g heads' q_c side by side (outlier terms, 4 heads a vector)
+  float* ot;          ///< [d][g] scratch: the value outliers' terms, channel-major like qt, added to o at the end
   const std::int16_t* qi = nullptr;  ///< [g][d] q rounded to int16 per head (Precision::kFast on AVX2/AVX-512), or null
   const float* qscale = nullptr;     ///< [g] q_h ~ qscale[h] qi_h
 };
@@ -123,9 +125,9 @@ void decode_attention(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPe
   {
     const detail::FlushDenormals ftz;  // probabilities far below the max underflow (see decode_attention.hpp)
     // [T][g] scores first (64-byte aligned: a token's g <= 16 scores share a line when g | 16), then
-    // qsum, qscale, zsum, heads [3][g] and codes [4][d]
-    const std::size_t ns = std::size_t(g) * std::size_t(tmax);
-    AlignedBuffer<float> scratch(ns + 6 * std::size_t(g) + 4 * std::size_t(d));
+    // qsum, qscale, zsum, heads [3][g], codes [4][d], qt and ot [d][g]
+    const std::size_t ns = std::size_t(g) * std::size_t(tmax), dg = std::size_t(d) * g;
+    AlignedBuffer<float> scratch(ns + 6 * std::size_t(g) + 4 * std::size_t(d) + 2 * dg);
     AlignedBuffer<std::int16_t> qi(int16_keys ? std::size_t(g) * d : 0);
 #if KVC_HAS_OPENMP()
 #  pragma omp for schedule(dynamic, 1)
@@ -139,6 +141,9 @@ void decode_attention(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPe
         for (int c = 0; c < d; ++c) qsum[h] += qs[q0 + std::size_t(h) * d + c];
       }
       float* qscale = qsum + g;
+      float* qt = qsum + 6 * g + 4 * std::size_t(d);
+      for (int h = 0; h < g; ++h)
+        for (int c = 0; c < d; ++c) qt[std::size_t(c) * g + h] = qs[q0 + std::size_t(h) * d + c];
       if (int16_keys) detail::round_query16(qs.data() + q0, g, d, qi.data(), qscale);
       const detail::QaqStream st{d,
                                  g,
@@ -150,6 +155,8 @@ void decode_attention(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPe
                                  qsum + 2 * g,
                                  qsum + 6 * g,
                                  qsum + 3 * g,
+                                 qt,
+                                 qt + dg,
                                  int16_keys ? qi.data() : nullptr,
                                  qscale};
       finite[std::size_t(i)] = run(cache, cache.keys(layer, s, kh), cache.values(layer, s, kh), st,

@@ -14,6 +14,9 @@
 ///            probability per token (SPEC Q6) is taken in the value pass, from the line it reads anyway
 ///   values:  o += (p_t scale_t) code_t, plus p_t zero_t summed apart and added to every channel at the end,
 ///            plus p_t (x_c - x^_c) per outlier.
+/// Per-record epilogues on the SIMD paths, 4 query heads a vector (g % 4 == 0): the scores' affine and outlier
+/// terms (the outlier channel's q for 4 heads is one load of the transposed query st.qt) and the values' outlier
+/// terms (accumulated channel-major in st.ot, from the token's 4 probabilities: one load of its st.s line).
 /// kExact: float arithmetic; results differ from the portable path only in summation order and exp2's < 2e-7
 /// relative error. kFast adds the int16 rounding of the query (bound in qaq/decode_attention.hpp).
 #if !defined(KVC_ATTENTION_INTERNAL) || !defined(KVC_ISA_LEVEL_) || !defined(KVC_ISA_NS)
@@ -283,6 +286,14 @@ void bucket_scores16(const std::byte* bk, std::size_t n, std::size_t rb, Token&&
       with_count(nh, [&]<int NH>() {
         _mm_store_ps(dots, _mm_cvtepi32_ps(dot16_heads<NH>(st.qi + std::size_t(h0) * d, d, codes)));
       });
+      if (nh == 4) {  // the 4 heads' scores as one vector; their outlier terms from the transposed query
+        __m128 sc = _mm_fmadd_ps(_mm_mul_ps(_mm_set1_ps(a.scale), _mm_loadu_ps(st.qscale + h0)), _mm_load_ps(dots),
+                                 _mm_mul_ps(_mm_set1_ps(a.zero), _mm_loadu_ps(st.qsum + h0)));
+        for (int j = 0; j < nout; ++j)
+          sc = _mm_fmadd_ps(_mm_loadu_ps(st.qt + std::size_t(idx[j]) * g + std::size_t(h0)), _mm_set1_ps(corr[j]), sc);
+        _mm_storeu_ps(st.s + t * std::size_t(g) + std::size_t(h0), sc);
+        continue;
+      }
       for (int h = h0; h < h0 + nh; ++h) {
         const float* qh = st.q + std::size_t(h) * d;
         float score = a.zero * st.qsum[h] + a.scale * st.qscale[h] * dots[h - h0];
@@ -332,9 +343,23 @@ void bucket_values(const std::byte* bk, std::size_t n, std::size_t rb, Token&& t
       }
       st.zsum[h] += z;
       with_count(nr, [&]<int NR>() { axpy_rows<NR>(ws, st.codes, d, oh); });
+#if KVC_ISA_LEVEL_ >= 1
+      if (g % 4 == 0) continue;  // outliers below, 4 heads a vector
+#endif
       for (int k = 0; k < nr; ++k)
         for (int j = 0; j < nout; ++j) oh[v[k].idx[j]] += w[k] * v[k].corr[j];
     }
+#if KVC_ISA_LEVEL_ >= 1
+    if (g % 4 == 0)  // st.ot[c][h] += p_t,h corr: the record's g probabilities are one line of st.s
+      for (int k = 0; k < nr; ++k)
+        for (int h0 = 0; h0 < g; h0 += 4) {
+          const __m128 w4 = _mm_loadu_ps(st.s + t[k] * std::size_t(g) + std::size_t(h0));
+          for (int j = 0; j < nout; ++j) {
+            float* ot = st.ot + std::size_t(v[k].idx[j]) * g + std::size_t(h0);
+            _mm_storeu_ps(ot, _mm_fmadd_ps(w4, _mm_set1_ps(v[k].corr[j]), _mm_loadu_ps(ot)));
+          }
+        }
+#endif
   }
 }
 
@@ -428,12 +453,13 @@ bool run_stream(const Cache& cache, const typename Cache::Side& ks, const typena
   });
   const bool ok = softmax(st);
   std::fill_n(st.o, std::size_t(st.g) * d, 0.0f);
+  std::fill_n(st.ot, std::size_t(st.g) * d, 0.0f);
   std::fill_n(st.zsum, st.g, 0.0f);
   each_bucket(vs, [&]<int W>(const std::byte* bk, std::size_t n, std::size_t rb, auto&& token) {
     bucket_values<R, W>(bk, n, rb, token, st, pr);
   });
   for (int h = 0; h < st.g; ++h)
-    for (int c = 0; c < d; ++c) st.o[std::size_t(h) * d + c] += st.zsum[h];
+    for (int c = 0; c < d; ++c) st.o[std::size_t(h) * d + c] += st.zsum[h] + st.ot[std::size_t(c) * st.g + h];
   return ok;
 }
 }  // namespace kvc::detail::KVC_ISA_NS::qaq_kernel
