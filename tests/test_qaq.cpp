@@ -721,7 +721,8 @@ TEST_P(QaqCacheAttention, MatchesTheOracleWhileWidthsChangeEveryStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, QaqCacheAttention,
-                         ::testing::Values(QaqShape{64, 2, 2}, QaqShape{64, 1, 3}, QaqShape{128, 2, 8}, QaqShape{128, 3, 9}),
+                         ::testing::Values(QaqShape{64, 2, 2}, QaqShape{64, 1, 3}, QaqShape{128, 2, 8}, QaqShape{128, 3, 9},
+                                           QaqShape{64, 1, 8}, QaqShape{128, 1, 16}),
                          [](const auto& i) {
                            return "d" + std::to_string(i.param.d) + "_kv" + std::to_string(i.param.H) + "_q" +
                                   std::to_string(i.param.Hq);
@@ -792,49 +793,56 @@ TEST(QaqCache, LoweringShiftsAndRaisingRestoresFromTheMirror) {
 // Run with windows n = 5 and n = 1 (with n = 1 a refilled history is full after its first step).
 template <class Cache>
 void keys_follow_the_rule() {
-  const int d = 64, H = 2, T0 = 3000, steps = 40;
+  const int d = 64, H = 2, L = 2, T0 = 3000, steps = 40, burst = 50, cap = T0 + steps + burst + 8;
   const std::vector<int> prefill{T0, T0 / 3};
   const int batch = int(prefill.size());
   std::vector<kvc_test::KV> x;
-  for (int s = 0; s < batch; ++s) x.push_back(kvc_test::random_kv(T0 + steps + 8, H, d, 500 + s));
-  Cache c({1, batch, H, d, T0 + steps + 8}, {1e-4, 1e-2}, unit_calibration(1, H, d));
-  for (int s = 0; s < batch; ++s) c.append(0, s, x[std::size_t(s)].kview(0, prefill[std::size_t(s)]), x[std::size_t(s)].vview(0, prefill[std::size_t(s)]));
+  for (int s = 0; s < batch; ++s) x.push_back(kvc_test::random_kv(cap, H, d, 500 + s));
+  Cache c({L, batch, H, d, cap}, {1e-4, 1e-2}, unit_calibration(L, H, d));
+  auto append = [&](int l, int s, int n) {
+    const int t = c.length(l, s);
+    c.append(l, s, x[std::size_t(s)].kview(t, n), x[std::size_t(s)].vview(t, n));
+  };
+  for (int l = 0; l < L; ++l)
+    for (int s = 0; s < batch; ++s) append(l, s, prefill[std::size_t(s)]);
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
   kvc::qaq::TokenProbs probs;
-  auto step = [&] {
-    probs.resize(batch, H, T0 + steps + 8);
+  auto step = [&](int l) {
+    probs.resize(batch, H, cap);
     for (float& p : probs.p) p = u(rng) * u(rng) * 0.01f;
-    c.update_widths(0, probs);
+    c.update_widths(l, probs);
   };
   auto key_limits = [&](int T) {
     const kvc::qaq::StepWidths<> rule(T, c.targets().key_sigma_s, 1.0, c.targets().value_sigma_x, Cache::quantizer::widths());
     return typename Cache::quantizer::StepLimits(rule).key_limits();
   };
   auto expect_keys_at_the_rule = [&](const std::string& when) {
-    for (int s = 0; s < batch; ++s)
-      for (int h = 0; h < H; ++h) {
-        const kvc::qaq::StepWidths<> rule(c.length(0, s), c.targets().key_sigma_s, 1.0, c.targets().value_sigma_x,
-                                          Cache::quantizer::widths());
-        const auto& hist = c.histories(0, s, h);
-        c.for_each_record(c.keys(0, s, h), [&](const std::byte* r, int b, std::uint32_t t) {
-          ASSERT_EQ(b, Cache::quantizer::width(hist[t], Cache::record::meta(r), rule, true))
-              << when << " seq " << s << " head " << h << " token " << t;
-        });
-      }
+    for (int l = 0; l < L; ++l)
+      for (int s = 0; s < batch; ++s)
+        for (int h = 0; h < H; ++h) {
+          const kvc::qaq::StepWidths<> rule(c.length(l, s), c.targets().key_sigma_s, 1.0, c.targets().value_sigma_x,
+                                            Cache::quantizer::widths());
+          const auto& hist = c.histories(l, s, h);
+          c.for_each_record(c.keys(l, s, h), [&](const std::byte* r, int b, std::uint32_t t) {
+            ASSERT_EQ(b, Cache::quantizer::width(hist[t], Cache::record::meta(r), rule, true))
+                << when << " layer " << l << " seq " << s << " head " << h << " token " << t;
+          });
+        }
   };
+  // Layer 0 is updated every step, layer 1 every third (a layer's widths follow its own updates).
   int same = 0, changed = 0;
   for (int i = 0; i < steps; ++i) {
-    for (int s = 0; s < batch; ++s) {
-      const int t = c.length(0, s);
-      c.append(0, s, x[std::size_t(s)].kview(t, 1), x[std::size_t(s)].vview(t, 1));
-    }
+    for (int l = 0; l < L; ++l)
+      for (int s = 0; s < batch; ++s) append(l, s, 1);
     (key_limits(c.length(0, 0)) == key_limits(c.length(0, 0) - 1) ? same : changed) += 1;
-    step();
-    expect_keys_at_the_rule("step " + std::to_string(i));
+    step(0);
+    if (i % 3 == 2) step(1);
+    if (i % 3 == 2) expect_keys_at_the_rule("step " + std::to_string(i));
     if (i == steps / 2) {
       c.set_targets({3e-4, 1e-2});  // new limits at the same length
-      step();
+      step(0);
+      step(1);
       expect_keys_at_the_rule("after the target change");
     }
   }
@@ -843,16 +851,26 @@ void keys_follow_the_rule() {
   int used = 0;
   for (std::size_t n : c.width_counts(0, 0)) used += n > 0;
   EXPECT_GE(used, 3);  // keys spread over several widths
+  // A burst of tokens after the histories filled, then steps without appends: the new tokens fill and are
+  // decided while older keys keep their widths.
+  for (int l = 0; l < L; ++l)
+    for (int s = 0; s < batch; ++s) append(l, s, burst);
+  for (int i = 0; i < 7; ++i) {
+    step(0);
+    step(1);
+    expect_keys_at_the_rule("after the burst, step " + std::to_string(i));
+  }
   // A cleared sequence refilled to the same length (so the same limits) starts over: once its histories fill,
   // its keys are decided.
   const int refill = c.length(0, 1);
   c.clear(1);
-  c.append(0, 1, x[1].kview(0, refill), x[1].vview(0, refill));
+  for (int l = 0; l < L; ++l) append(l, 1, refill);
   for (int i = 0; i < 7; ++i) {
-    step();
+    step(0);
+    step(1);
     expect_keys_at_the_rule("after clear, step " + std::to_string(i));
   }
-  EXPECT_LT(c.width_counts(0, 0)[8], std::size_t(H) * (T0 + steps + 8));
+  EXPECT_LT(c.width_counts(0, 0)[8], std::size_t(H) * cap);
 }
 TEST(QaqCache, KeysFollowTheRuleWhetherOrNotTheStepsLimitsChange) {
   keys_follow_the_rule<Qaq>();

@@ -201,6 +201,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       rebucket(st, false, sg.width.data(), sg);
       decide_keys(st, n_full, limits, sg.width);
       rebucket(st, true, sg.width.data(), sg);
+      key_memo_[st] = {limits.key_limits(), n_full, true};  // once the keys are where decide_keys put them
     });
   }
 
@@ -399,20 +400,20 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   /// T = 32768 once in 30 to 250 steps, at T = 2048 once in 1.5 to 14). While they equal the last update's,
   /// only the keys whose histories filled since then (tokens >= the last n_full: all in bucket B_max) are
   /// decided, and every other key keeps its width: the same result as deciding all of them (step_max is a
-  /// finite fp16 >= 0 by construction, which the limits cover exactly), without reading their records.
+  /// finite fp16 >= 0 by construction, which the limits cover exactly), without reading their records. The
+  /// caller records the limits and n_full in the memo once the keys have moved.
   void decide_keys(std::size_t st, std::uint32_t n_full, const typename quantizer::StepLimits& limits,
-                   std::vector<std::uint8_t>& width) {
+                   std::vector<std::uint8_t>& width) const {
     const int d = cfg_.head_dim;
     const Side& sd = keys_[st];
-    KeyMemo& memo = key_memo_[st];
+    const KeyMemo& memo = key_memo_[st];
     const bool same = memo.valid && memo.limits == limits.key_limits();
     const std::uint32_t first = same ? memo.decided : 0;  // tokens below it keep their widths
     width.resize(hist_[st].size());
     std::uint8_t* w = width.data();
     each_bucket(sd, [&](int b, const std::byte* bk, std::size_t n, std::size_t rb) {
       if (same && b < BMax) {  // every key below B_max is a token < memo.decided
-        std::memset(w, b, n);
-        w += n;
+        w = std::fill_n(w, n, std::uint8_t(b));
         return;
       }
       for (std::size_t i = 0; i < n; ++i) {
@@ -421,7 +422,6 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
         *w++ = std::uint8_t(t < first ? b : (t < n_full ? limits.key(record::meta(r).step.bits) : BMax));
       }
     });
-    memo = {limits.key_limits(), n_full, true};
   }
   /// Moves the records of one stream side whose new width (width[j], records numbered bucket by bucket) differs
   /// from their bucket's, in place, bucket by bucket: the bucket is compacted over the records that
