@@ -471,7 +471,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
         if (keep != run && end > run) std::memmove(bk.data() + keep, bk.data() + run, end - run);
         keep += end - run;
       };
-      qaq::with_width<BMin, BMax>(b, [&]<int B>() {  // both widths constants in the moves
+      qaq::with_width<BMin, BMax>(b, [&]<int B>() {  // both widths constants in lower / raise (inlined)
         for (std::size_t i = 0; i < n; ++i) {
           const int nb = wb[i];
           if (nb == B) continue;
@@ -480,14 +480,13 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
           run = (i + 1) * rb;
           std::byte*& dst = out[std::size_t(nb - BMin)];
           if (nb < B) {
-            qaq::with_width<BMin, B - 1>(nb, [&]<int NB>() { record::template lower<B, NB>(r, dst, d, id_bytes_); });
+            qaq::with_width<BMin, B - 1>(nb, [&]<int NB>() { record::lower(r, B, dst, NB, d, id_bytes_); });
           } else {
             if (raised + kAhead < sg.raises.size())
               prefetch(mirror + std::size_t(token(sg.raises[raised + kAhead])) * d, row_bytes);
             ++raised;
             const half_t* row = mirror + std::size_t(token(i)) * d;
-            qaq::with_width<B + 1, BMax>(nb,
-                                         [&]<int NB>() { record::template raise<NB>(r, B, dst, d, id_bytes_, row); });
+            qaq::with_width<B + 1, BMax>(nb, [&]<int NB>() { record::raise(r, B, dst, NB, d, id_bytes_, row); });
           }
           dst += record::bytes(d, nb, id_bytes_);
         }

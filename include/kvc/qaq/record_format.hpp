@@ -37,7 +37,8 @@
 namespace kvc::qaq {
 
 /// Runs f.template operator()<W>() with W the run-time width b in [BMin, BMax] (nothing outside it): code that
-/// handles one width at a time gets it as a constant (fixed group sizes, no per-byte loops). Host.
+/// handles one width at a time gets it as a constant (lower / raise inlined with constant widths: fixed group
+/// sizes, no per-byte loops). Host.
 template <int BMin, int BMax, class F>
 void with_width(int b, F&& f) {
   if constexpr (BMin <= BMax) {
@@ -183,16 +184,6 @@ struct RecordFormat {
     for (int c0 = 0; c0 < d; c0 += 8, s += b, o += nb) put_group(o, nb, narrow_group(group_word(s, b), b, nb));
     copy_tail(src, b, dst, nb, d, id_bytes);
   }
-  /// lower() with both widths constants (B > NB): the host update's moves, without a per-byte loop per group.
-  template <int B, int NB>
-  KVC_HOST_DEVICE static void lower(const std::byte* src, std::byte* dst, int d, int id_bytes) noexcept {
-    static_assert(NB < B, "RecordFormat::lower narrows");
-    for (int i = 0; i < 4; ++i) dst[i] = src[i];
-    const std::uint8_t* s = codes(src);
-    auto* o = reinterpret_cast<std::uint8_t*>(dst + 4);
-    for (int c0 = 0; c0 < d; c0 += 8, s += B, o += NB) put_group(o, NB, narrow_group(group_word<B>(s), B, NB));
-    copy_tail(src, B, dst, NB, d, id_bytes);
-  }
   /// Copies what follows the codes (outlier values, channels, token id) from a width-b record to a width-nb one.
   KVC_HOST_DEVICE static void copy_tail(const std::byte* src, int b, std::byte* dst, int nb, int d, int id_bytes) noexcept {
     const std::size_t tail = 3 * std::size_t(Q::outliers(d)) + std::size_t(id_bytes);
@@ -213,17 +204,6 @@ struct RecordFormat {
     auto* o = reinterpret_cast<std::uint8_t*>(dst + 4);
     for (int c0 = 0; c0 < d; c0 += 8, o += nb) put_group(o, nb, pack_bytes(encode_group(row + c0, m, inv, nb), nb));
     copy_tail(src, b, dst, nb, d, id_bytes);
-  }
-  /// raise() with the new width a constant (the host update's moves).
-  template <int NB>
-  KVC_HOST_DEVICE static void raise(const std::byte* src, int b, std::byte* dst, int d, int id_bytes,
-                                    const half_t* row) noexcept {
-    for (int i = 0; i < 4; ++i) dst[i] = src[i];
-    const QuantMeta m = meta(src);
-    const float inv = inverse_step(m);
-    auto* o = reinterpret_cast<std::uint8_t*>(dst + 4);
-    for (int c0 = 0; c0 < d; c0 += 8, o += NB) put_group(o, NB, pack_bytes(encode_group(row + c0, m, inv, NB), NB));
-    copy_tail(src, b, dst, NB, d, id_bytes);
   }
   /// The B_max codes of the 8 fp16 values row[0, 8) under (m, inv = inverse_step(m)), narrowed to nb, one per
   /// byte (code i in byte i): Q::codec::encode per value. With AVX2 + F16C all 8 at once, by the same IEEE sub,
