@@ -20,8 +20,31 @@
 #include <kvc/config.hpp>
 #include <kvc/core/numeric.hpp>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
+
+#if defined(__SSE2__) && !defined(__CUDA_ARCH__)  // host x86-64: 8 compares as one vector compare
+#  include <emmintrin.h>
+#  define KVC_QAQ_SSE2_ 1
+#else
+#  define KVC_QAQ_SSE2_ 0
+#endif
+
+#if KVC_QAQ_SSE2_
+namespace kvc::detail {
+/// The number of all-ones lanes of a compare result of 8 16-bit lanes (each 0 or all ones): popcnt of the byte
+/// mask where the target has it (it is not in the x86-64 baseline), else one sum of absolute differences.
+inline int ones_lanes16(__m128i m) noexcept {
+#  if defined(__POPCNT__)
+  return std::popcount(unsigned(_mm_movemask_epi8(m))) >> 1;
+#  else
+  const __m128i s = _mm_sad_epu8(_mm_srli_epi16(m, 15), _mm_setzero_si128());
+  return _mm_cvtsi128_si32(s) + _mm_extract_epi16(s, 4);
+#  endif
+}
+}  // namespace kvc::detail
+#endif
 
 namespace kvc::qaq {
 
@@ -120,6 +143,19 @@ struct StepWidths {
 struct ProbCode {
   static constexpr int kStepsPerBinade = 8;
   static constexpr std::uint8_t kZero = 255;
+  /// 2^(k / 8) for k in [0, 8), rounded to float.
+  KVC_HOST_DEVICE static constexpr float threshold(int k) noexcept {
+    switch (k) {
+      case 0: return 1.0f;
+      case 1: return 1.09050773f;
+      case 2: return 1.18920712f;
+      case 3: return 1.29683955f;
+      case 4: return 1.41421356f;
+      case 5: return 1.54221083f;
+      case 6: return 1.68179283f;
+      default: return 1.83400809f;
+    }
+  }
   /// floor(-8 log2 p), without a log: p = m 2^e (m in [1, 2)) gives -8 e - j with j = ceil(8 log2 m), the
   /// number of thresholds 2^(k/8), k in [0, 8), below m.
   KVC_HOST_DEVICE static std::uint8_t encode(float p) noexcept {
@@ -127,9 +163,18 @@ struct ProbCode {
     if (p >= 1.0f) return 0;
     const std::uint32_t u = detail::float_bits(p);
     const int e = int(u >> 23) - 127;  // p < 1: sign 0, e <= -1; subnormals give -127 and end at kZero
+#if KVC_QAQ_SSE2_  // the 8 compares at once, on m's mantissa bits (m and the thresholds lie in [1, 2), where
+    // floats order as their bits)
+    constexpr auto mant = [](int k) { return int(std::bit_cast<std::uint32_t>(threshold(k)) & 0x7fffffu); };
+    const __m128i mb = _mm_set1_epi32(int(u & 0x7fffffu));
+    const __m128i lo = _mm_cmpgt_epi32(mb, _mm_setr_epi32(mant(0), mant(1), mant(2), mant(3)));
+    const __m128i hi = _mm_cmpgt_epi32(mb, _mm_setr_epi32(mant(4), mant(5), mant(6), mant(7)));
+    const int j = detail::ones_lanes16(_mm_packs_epi32(lo, hi));
+#else
     const float m = detail::bits_float((u & 0x7fffffu) | 0x3f800000u);
-    const int j = (m > 1.0f) + (m > 1.09050773f) + (m > 1.18920712f) + (m > 1.29683955f) + (m > 1.41421356f) +
-                  (m > 1.54221083f) + (m > 1.68179283f) + (m > 1.83400809f);
+    int j = 0;
+    for (int k = 0; k < kStepsPerBinade; ++k) j += int(m > threshold(k));
+#endif
     const int c = -kStepsPerBinade * e - j;
     return c >= int(kZero) ? kZero : static_cast<std::uint8_t>(c);
   }

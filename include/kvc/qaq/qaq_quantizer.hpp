@@ -157,9 +157,14 @@ struct QaqQuantizer {
    private:
     static constexpr std::uint16_t kMaxFinite = 0x7bff;  // largest finite fp16 bits (65504)
     static int count(const Limits& lim, std::uint16_t step) noexcept {
+#if KVC_QAQ_SSE2_  // the 8 compares as one
+      return BMin + detail::ones_lanes16(_mm_cmpgt_epi16(
+                        _mm_set1_epi16(std::int16_t(step)), _mm_loadu_si128(reinterpret_cast<const __m128i*>(lim.data()))));
+#else
       int w = BMin;
       for (int j = 0; j < kLanes; ++j) w += int(std::int16_t(step) > lim[std::size_t(j)]);
       return w;
+#endif
     }
     /// The limits of `rule` (range -> width); `denom` its denominator, a hint: widths change near step_max =
     /// denom 2^(b - BMax), and the bisection, not the hint, decides.
