@@ -10,8 +10,8 @@
 ///   scores:  s_t = zero_t sum_c q_c + scale_t (q . code_t) + sum_outliers q_c (x_c - x^_c)   (log2 domain;
 ///            Precision::kFast on AVX2/AVX-512: q . code_t = qscale (qi . code_t) in exact int32, qi the
 ///            query rounded to int16 per head)
-///   softmax: per query head over the token-major [T][g] scores, vectorised exp2; the group's largest
-///            probability per token (SPEC Q6) is taken in the value pass, from the line it reads anyway
+///   softmax: per query head over the token-major [T][g] scores, vectorised exp2; then the group's largest
+///            probability per token (SPEC Q6) in one forward pass over the [T][g] probabilities (token_max)
 ///   values:  o += (p_t scale_t) code_t, plus p_t zero_t summed apart and added to every channel at the end,
 ///            plus p_t (x_c - x^_c) per outlier.
 /// Per-record epilogues on the SIMD paths, 4 query heads a vector (g % 4 == 0): the scores' affine and outlier
@@ -306,11 +306,9 @@ void bucket_scores16(const std::byte* bk, std::size_t n, std::size_t rb, Token&&
 #endif
 
 /// Probability-weighted values of the n records of one width-W bucket, up to 4 records at a time (their
-/// codes unpacked side by side into st.codes, 4 d floats); pr[t] (if given) = the group's largest probability
-/// of each record's token t (SPEC Q6), read from the same cache line as the weights.
+/// codes unpacked side by side into st.codes, 4 d floats).
 template <class R, int W, class Token>
-void bucket_values(const std::byte* bk, std::size_t n, std::size_t rb, Token&& token, const Stream& st,
-                   float* pr) noexcept {
+void bucket_values(const std::byte* bk, std::size_t n, std::size_t rb, Token&& token, const Stream& st) noexcept {
   const int d = st.d, g = st.g, nout = R::quantizer::outliers(d);
   // every FMA of a record waits for its probability: prefetched kScoreAhead records ahead
   for (std::size_t j = 0; j < std::min(kScoreAhead, n); ++j) prefetch_token_scores<R>(bk, j, n, rb, token, st);
@@ -325,12 +323,6 @@ void bucket_values(const std::byte* bk, std::size_t n, std::size_t rb, Token&& t
       unpack<R, W>(r, d, rb - 4, codes);
       v[k].init(r, d, nout, codes);
       t[k] = token(r, i + std::size_t(k));
-      if (pr) {
-        const float* pt = st.s + t[k] * std::size_t(g);
-        float m = pt[0];
-        for (int h = 1; h < g; ++h) m = std::max(m, pt[h]);
-        pr[t[k]] = m;
-      }
     }
     for (int h = 0; h < g; ++h) {
       float w[4], ws[4];
@@ -423,6 +415,30 @@ inline bool softmax(const Stream& st) noexcept {
   return ok;
 }
 
+/// pr[t] = the largest of token t's g probabilities (SPEC Q6), for t in [0, T): one forward pass over the
+/// token-major [T][g] array (taken per record in the value pass instead, a store at a random token each, the
+/// step's attention at T = 32768 was 1.2 ms slower). SIMD paths with g % 4 == 0: 4 heads a vector.
+inline void token_max(const Stream& st, float* __restrict pr) noexcept {
+  const int g = st.g;
+  const float* s = st.s;
+#if KVC_ISA_LEVEL_ >= 1
+  if (g % 4 == 0) {
+    for (int t = 0; t < st.T; ++t, s += g) {
+      __m128 m = _mm_loadu_ps(s);
+      for (int h0 = 4; h0 < g; h0 += 4) m = _mm_max_ps(m, _mm_loadu_ps(s + h0));
+      m = _mm_max_ps(m, _mm_shuffle_ps(m, m, _MM_SHUFFLE(2, 3, 0, 1)));
+      pr[t] = _mm_cvtss_f32(_mm_max_ps(m, _mm_shuffle_ps(m, m, _MM_SHUFFLE(1, 0, 3, 2))));
+    }
+    return;
+  }
+#endif
+  for (int t = 0; t < st.T; ++t, s += g) {
+    float m = s[0];
+    for (int h = 1; h < g; ++h) m = std::max(m, s[h]);
+    pr[t] = m;
+  }
+}
+
 /// Attention of one stream of a QAQ cache: ks/vs its key/value sides. Returns false on float overflow.
 template <class Cache>
 bool run_stream(const Cache& cache, const typename Cache::Side& ks, const typename Cache::Side& vs, const Stream& st,
@@ -456,8 +472,9 @@ bool run_stream(const Cache& cache, const typename Cache::Side& ks, const typena
   std::fill_n(st.ot, std::size_t(st.g) * d, 0.0f);
   std::fill_n(st.zsum, st.g, 0.0f);
   each_bucket(vs, [&]<int W>(const std::byte* bk, std::size_t n, std::size_t rb, auto&& token) {
-    bucket_values<R, W>(bk, n, rb, token, st, pr);
+    bucket_values<R, W>(bk, n, rb, token, st);
   });
+  if (pr) token_max(st, pr);
   for (int h = 0; h < st.g; ++h)
     for (int c = 0; c < d; ++c) st.o[std::size_t(h) * d + c] += st.zsum[h] + st.ot[std::size_t(c) * st.g + h];
   return ok;
