@@ -1,11 +1,13 @@
 // QAQ (SPEC §2): the width rule against hand-computed cases and its guards, the attention history, the
 // per-token codec (outliers, exact width nesting, restore from the original), and the calibration file.
+// calibration.hpp first: its kvc::qaq::detail must not hide kvc::detail from the QAQ headers after it
+#include <kvc/qaq/calibration.hpp>
+// the rest in order
 #include <kvc/attention/reference.hpp>
 #include <kvc/qaq/arena.hpp>
 #include <kvc/qaq/bit_width.hpp>
 #include <kvc/qaq/decode_attention.hpp>
 #include <kvc/qaq/qaq_cache.hpp>
-#include <kvc/qaq/calibration.hpp>
 #include <kvc/qaq/qaq_quantizer.hpp>
 
 #include "test_data.hpp"

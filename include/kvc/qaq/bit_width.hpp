@@ -33,15 +33,12 @@
 
 #if KVC_QAQ_SSE2_
 namespace kvc::detail {
-/// The number of all-ones lanes of a compare result of 8 16-bit lanes (each 0 or all ones): popcnt of the byte
-/// mask where the target has it (it is not in the x86-64 baseline), else one sum of absolute differences.
-inline int ones_lanes16(__m128i m) noexcept {
-#  if defined(__POPCNT__)
-  return std::popcount(unsigned(_mm_movemask_epi8(m))) >> 1;
-#  else
-  const __m128i s = _mm_sad_epu8(_mm_srli_epi16(m, 15), _mm_setzero_si128());
-  return _mm_cvtsi128_si32(s) + _mm_extract_epi16(s, 4);
-#  endif
+/// The number of all-ones lanes of a compare result of 8 16-bit lanes whose all-ones lanes come first (a
+/// monotone compare: thresholds or limits in increasing order): the lowest clear bit of the byte mask. One
+/// bit scan, valid on every x86-64 (not popcnt, which is not in its baseline; an inline function whose body
+/// depended on -mpopcnt could be merged across translation units built with different flags).
+inline int leading_ones_lanes16(__m128i m) noexcept {
+  return std::countr_zero(~unsigned(_mm_movemask_epi8(m))) >> 1;
 }
 }  // namespace kvc::detail
 #endif
@@ -70,7 +67,7 @@ inline constexpr double kTwoSqrt3 = 3.4641016151377545870548926830117;
 KVC_HOST_DEVICE int width_for_ratio(double ratio, WidthRange r) noexcept {
   if (ratio != ratio) return r.max;
   if (!(ratio > 0.0)) return r.min;
-  const std::uint64_t u = detail::double_bits(ratio);
+  const std::uint64_t u = ::kvc::detail::double_bits(ratio);
   const int b = int((u >> 52) & 0x7ffu) - 1023 + ((u & 0xfffffffffffffull) != 0 ? 1 : 0);
   return b < r.min ? r.min : (b > r.max ? r.max : b);
 }
@@ -161,7 +158,7 @@ struct ProbCode {
   KVC_HOST_DEVICE static std::uint8_t encode(float p) noexcept {
     if (!(p > 0.0f)) return kZero;
     if (p >= 1.0f) return 0;
-    const std::uint32_t u = detail::float_bits(p);
+    const std::uint32_t u = ::kvc::detail::float_bits(p);
     const int e = int(u >> 23) - 127;  // p < 1: sign 0, e <= -1; subnormals give -127 and end at kZero
 #if KVC_QAQ_SSE2_  // the 8 compares at once, on m's mantissa bits (m and the thresholds lie in [1, 2), where
     // floats order as their bits)
@@ -169,9 +166,9 @@ struct ProbCode {
     const __m128i mb = _mm_set1_epi32(int(u & 0x7fffffu));
     const __m128i lo = _mm_cmpgt_epi32(mb, _mm_setr_epi32(mant(0), mant(1), mant(2), mant(3)));
     const __m128i hi = _mm_cmpgt_epi32(mb, _mm_setr_epi32(mant(4), mant(5), mant(6), mant(7)));
-    const int j = detail::ones_lanes16(_mm_packs_epi32(lo, hi));
+    const int j = ::kvc::detail::leading_ones_lanes16(_mm_packs_epi32(lo, hi));
 #else
-    const float m = detail::bits_float((u & 0x7fffffu) | 0x3f800000u);
+    const float m = ::kvc::detail::bits_float((u & 0x7fffffu) | 0x3f800000u);
     int j = 0;
     for (int k = 0; k < kStepsPerBinade; ++k) j += int(m > threshold(k));
 #endif

@@ -4,8 +4,9 @@
 /// expanded to a K/V copy):
 ///  1. every key bucket, width by width: q.k^_t = zero_t sum_c q_c + scale_t sum_c q_c code_tc, plus
 ///     q_c (x_c - x^_c) per outlier; the score lands at the record's token;
-///  2. softmax per query head over the T scores; probs[t] = max over the GQA group (SPEC Q6);
-///  3. every value bucket: o += p_t (zero_t + scale_t code_tc), plus p_t (x_c - x^_c) per outlier.
+///  2. softmax per query head over the T scores;
+///  3. every value bucket: o += p_t (zero_t + scale_t code_tc), plus p_t (x_c - x^_c) per outlier;
+///     then probs[t] = max over the GQA group (SPEC Q6), one forward pass over the probabilities.
 /// Each record's codes are unpacked once (width-specialised) and used by every query head of the group
 /// (qaq/detail/attention_kernel.hpp, compiled per SIMD path like the main kernel and chosen at run time by
 /// AttentionOptions::isa).

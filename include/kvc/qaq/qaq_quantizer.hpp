@@ -157,8 +157,8 @@ struct QaqQuantizer {
    private:
     static constexpr std::uint16_t kMaxFinite = 0x7bff;  // largest finite fp16 bits (65504)
     static int count(const Limits& lim, std::uint16_t step) noexcept {
-#if KVC_QAQ_SSE2_  // the 8 compares as one
-      return BMin + detail::ones_lanes16(_mm_cmpgt_epi16(
+#if KVC_QAQ_SSE2_  // the 8 compares as one (the limits do not decrease with the width: true lanes first)
+      return BMin + detail::leading_ones_lanes16(_mm_cmpgt_epi16(
                         _mm_set1_epi16(std::int16_t(step)), _mm_loadu_si128(reinterpret_cast<const __m128i*>(lim.data()))));
 #else
       int w = BMin;

@@ -10,8 +10,8 @@
 ///   scores:  s_t = zero_t sum_c q_c + scale_t (q . code_t) + sum_outliers q_c (x_c - x^_c)   (log2 domain;
 ///            Precision::kFast on AVX2/AVX-512: q . code_t = qscale (qi . code_t) in exact int32, qi the
 ///            query rounded to int16 per head)
-///   softmax: per query head over the token-major [T][g] scores, vectorised exp2; then the group's largest
-///            probability per token (SPEC Q6) in one forward pass over the [T][g] probabilities (token_max)
+///   softmax: per query head over the token-major [T][g] scores, vectorised exp2; after the value pass, the
+///            group's largest probability per token (SPEC Q6) in one forward pass over them (token_max)
 ///   values:  o += (p_t scale_t) code_t, plus p_t zero_t summed apart and added to every channel at the end,
 ///            plus p_t (x_c - x^_c) per outlier.
 /// Per-record epilogues on the SIMD paths, 4 query heads a vector (g % 4 == 0): the scores' affine and outlier
@@ -417,7 +417,7 @@ inline bool softmax(const Stream& st) noexcept {
 
 /// pr[t] = the largest of token t's g probabilities (SPEC Q6), for t in [0, T): one forward pass over the
 /// token-major [T][g] array (taken per record in the value pass instead, a store at a random token each, the
-/// step's attention at T = 32768 was 1.2 ms slower). SIMD paths with g % 4 == 0: 4 heads a vector.
+/// step's attention at T = 32768 was about 1 ms slower). SIMD paths with g % 4 == 0: 4 heads a vector.
 inline void token_max(const Stream& st, float* __restrict pr) noexcept {
   const int g = st.g;
   const float* s = st.s;
