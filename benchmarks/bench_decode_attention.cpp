@@ -9,13 +9,15 @@
 //                                        time onto n - block tokens (the last completes a block: block
 //                                        mode compresses it, LiteralMode recompresses the whole history);
 //                                        per_token = the amortised cost of one token
-//   BM_DecodeAttention/qaq/T:<n>        QAQ (QaqQuantizer<>) with targets calibrated to ~3 average bits per side
-//                                        on this data (after 16 decode steps with varied queries fill the histories)
+//   BM_DecodeAttention/qaq/T:<n>         QAQ (QaqQuantizer<>) with targets calibrated to ~3 bits per element, everything
+//                                        counted as kivi2's 3.05 (after 16 decode steps with varied queries fill the
+//                                        histories)
 //   BM_QaqUpdateWidths/T:<n>             QAQ's per-step width update of that cache (history push, width rule,
 //                                        moves between buckets), one step's probabilities repeated
-//   BM_QaqDecodeStep/T:<n>/rho:<r>       a whole QAQ step (attention + update) with a new query each step, independent
-//                                        (rho 0) or drifting (rho 995: q_i = 0.995 q_(i-1) + noise); attention_ms /
-//                                        update_ms: its two halves; value_moved_pct: value records moved per step
+//   BM_QaqDecodeStep/T:<n>/rho:<r>/bits10:<b>  a whole QAQ step (attention + width update) with a new query each
+//                                        step, independent (rho 0) or drifting (rho 995: q_i = 0.995 q_(i-1) + noise),
+//                                        at b / 10 bits per element; attention_ms / update_ms: its two halves;
+//                                        value_moved_pct: value records moved per step
 // Counters: bytes_per_second = cache bytes one decode step reads (codes, scales, zeros, windows);
 // bits_per_element = stored bits per K/V element, everything counted.
 #include "bench_util.hpp"
@@ -181,9 +183,11 @@ std::vector<std::vector<float>> qaq_queries(double rho = 0.0, int n = 16) {
   return qs;
 }
 
-/// A QAQ cache of `tokens` tokens whose targets are calibrated to ~`bits` average bits per side on this data:
-/// 16 decode steps (queries qs in turn) fill every history with what varied queries give, then each side's
-/// target is bisected on the width rule over that state.
+/// A QAQ cache of `tokens` tokens whose targets are calibrated to ~`bits` bits per element, everything counted
+/// (bits_per_element(): codes, (lo, step), outliers with their channels, token ids, histories), as kivi2's 3.05
+/// is: 16 decode steps (queries qs in turn) fill every history with what varied queries give, then each side's
+/// target is bisected on the width rule over that state to the same average code width, `bits` less the fixed
+/// per-token costs (0.94 bits/element at head dim 128: a width-b record is 4 + 16 b + 6 + 2 bytes per side).
 using QaqBench = kvc::CompressedKVCache<kvc::QaqQuantizer<>>;
 std::unique_ptr<QaqBench> build_qaq(int tokens, const std::vector<std::vector<float>>& qs, double bits,
                                     kvc::qaq::TokenProbs& probs) {
@@ -218,8 +222,10 @@ std::unique_ptr<QaqBench> build_qaq(int tokens, const std::vector<std::vector<fl
       return sum / n;
     };
   };
-  t.key_sigma_s = kvc::qaq::calibrate_target(average(0), bits, 1e-9, 1e3, 30);
-  t.value_sigma_x = kvc::qaq::calibrate_target(average(1), bits, 1e-9, 1e3, 30);
+  // bits_per_element is linear in the average code width (records are 4 + 16 b + 6 + 2 bytes at d = 128)
+  const double fixed = cache->bits_per_element() - 0.5 * (cache->average_width(0) + cache->average_width(1));
+  t.key_sigma_s = kvc::qaq::calibrate_target(average(0), bits - fixed, 1e-9, 1e3, 30);
+  t.value_sigma_x = kvc::qaq::calibrate_target(average(1), bits - fixed, 1e-9, 1e3, 30);
   cache->set_targets(t);
   const std::vector<float>& q = qs[0];  // one more step moves the tokens to the calibrated widths
   kvc::qaq_decode_step(*cache, 0, kvc::QueryView::contiguous(q.data(), 1, heads, kHeadDim),
@@ -257,11 +263,12 @@ void BM_QaqUpdateWidths(benchmark::State& state) {
 /// over N(0, 1) keys) even small query steps move many tokens: rho = 0.97 moves ~15 %, 0.99 ~10 %, 0.995 ~8 %
 /// (T = 4096); 0.995 is the row, about what SmolLM2 moves per step at 3.5-3.9 bits (kvc-eval's `moved`:
 /// 3.8 % of the value records at qaq:3e-3:3e-2, 7.1 % at qaq:1e-3:1e-2).
+/// range(2): the budget in tenths of a bit per element (30: kivi2's; 39: ~3 code bits per side).
 /// BM_QaqUpdateWidths repeats one step's probabilities, so after its first iteration nothing moves.
 void BM_QaqDecodeStep(benchmark::State& state) {
   const auto qs = qaq_queries(double(state.range(1)) / 1000.0, 64);
   kvc::qaq::TokenProbs probs;
-  const auto cache = build_qaq(static_cast<int>(state.range(0)), qs, 3.0, probs);
+  const auto cache = build_qaq(static_cast<int>(state.range(0)), qs, double(state.range(2)) / 10.0, probs);
   std::vector<float> out(qs[0].size());
   const int heads = kKvHeads * kGqa;
   std::size_t step = 0;
@@ -340,7 +347,7 @@ const int registered = [] {
   register_scheme<kvc::schemes::LogQuant4>("logquant4");
   register_scheme<kvc::schemes::PartialLogQuant2>("partiallogquant2");  // + quantized value rows
   register_scheme<kvc::schemes::Kivi2Budget126>("kivi2_g64_w126");
-  // QAQ at ~3 average bits per side (its attention reads the records; its width update runs every step).
+  // QAQ at ~3 bits per element as kivi2 (its attention reads the records; its width update runs every step).
   benchmark::RegisterBenchmark("BM_DecodeAttention/qaq", BM_DecodeAttentionQaq<kvc::Precision::kFast>)
       ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("BM_DecodeAttention/qaq-exact", BM_DecodeAttentionQaq<kvc::Precision::kExact>)
@@ -348,7 +355,8 @@ const int registered = [] {
   benchmark::RegisterBenchmark("BM_QaqUpdateWidths", BM_QaqUpdateWidths)
       ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("BM_QaqDecodeStep", BM_QaqDecodeStep)
-      ->ArgNames({"T", "rho"})->Args({4096, 0})->Args({32768, 0})->Args({4096, 995})->Args({32768, 995})
+      ->ArgNames({"T", "rho", "bits10"})->Args({4096, 0, 30})->Args({32768, 0, 30})->Args({4096, 995, 30})
+      ->Args({32768, 995, 30})->Args({32768, 0, 39})->Args({32768, 995, 39})
       ->UseRealTime()->Unit(benchmark::kMillisecond);
   // Decode-time compression, block mode vs GEAR's literal mode (Algorithm 1) on the same policies.
   using namespace kvc::schemes;
