@@ -197,7 +197,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       const qaq::StepWidths<Bounds> rule = step_rule(layer, i % cfg_.kv_heads, T);
       typename quantizer::StepLimits limits(rule);  // the rule as integer compares on step_max's fp16 bits
       const std::uint32_t n_full = full_after_push(hist_[st]);
-      push_and_decide_values(st, probs.row(i / cfg_.kv_heads, i % cfg_.kv_heads), limits, sg.width);
+      push_and_decide_values(st, probs.row(i / cfg_.kv_heads, i % cfg_.kv_heads), n_full, limits, sg);
       rebucket(st, false, sg.width.data(), sg);
       decide_keys(st, n_full, limits, sg.width);
       rebucket(st, true, sg.width.data(), sg);
@@ -308,6 +308,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     Side moved;                          // the movers, by new width
     std::vector<std::uint8_t> width;     // new width of every record of the side being updated (decide_keys and
                                          // push_and_decide_values)
+    std::vector<std::uint8_t> s_hat;     // per token: the S^ code after this step's push (push_and_decide_values)
     std::vector<std::uint32_t> raises;   // indices of its records being raised
     qaq::UpdateStats stats;              // this thread's share of update_stats()
   };
@@ -372,25 +373,29 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     }
   }
   /// Records this step's probability p[t] in every token's history, then gives each value record its new width
-  /// (quantizer::value_width through `limits`) in width[j], records numbered bucket by bucket (width BMin first)
-  /// in their order. Every token has one value record, so each history is pushed exactly once; tokens lie in any
-  /// order, so the history kAhead records on is prefetched.
-  void push_and_decide_values(std::size_t st, const float* p, typename quantizer::StepLimits& limits,
-                              std::vector<std::uint8_t>& width) {
-    constexpr std::size_t kAhead = 8;
+  /// (quantizer::value_width through `limits`) in sg.width[j], records numbered bucket by bucket (width BMin first)
+  /// in their order. Two sequential passes: the histories in token order (push, then S^ into sg.s_hat), then the
+  /// value records in bucket order, each reading its token's S^ from that T-byte array (L1/L2-resident), not its
+  /// history (a random line per record: pushing and deciding in record order cost the update about 1 ms more at
+  /// T = 32768). Tokens [0, n_full) are those whose histories are full after the push (full_after_push).
+  void push_and_decide_values(std::size_t st, const float* p, std::uint32_t n_full,
+                              typename quantizer::StepLimits& limits, Staging& sg) {
     const int d = cfg_.head_dim;
-    const Side& sd = values_[st];
+    const std::size_t T = hist_[st].size();
     history* hist = hist_[st].data();
-    width.resize(hist_[st].size());
-    std::uint8_t* w = width.data();
-    each_bucket(sd, [&](int b, const std::byte* bk, std::size_t n, std::size_t rb) {
-      auto token = [&](std::size_t i) { return record::token(bk + i * rb, d, b, id_bytes_); };
+    sg.s_hat.resize(T);
+    std::uint8_t* s_hat = sg.s_hat.data();
+    for (std::size_t t = 0; t < T; ++t) {
+      hist[t].push(p[t]);
+      s_hat[t] = hist[t].s_hat_code();
+    }
+    sg.width.resize(T);
+    std::uint8_t* w = sg.width.data();
+    each_bucket(values_[st], [&](int b, const std::byte* bk, std::size_t n, std::size_t rb) {
       for (std::size_t i = 0; i < n; ++i) {
-        if (i + kAhead < n) __builtin_prefetch(hist + token(i + kAhead), 1, 1);
-        const std::uint32_t t = token(i);
-        history& h = hist[t];
-        h.push(p[t]);
-        *w++ = std::uint8_t(h.full() ? limits.value(record::meta(bk + i * rb).step.bits, h.s_hat_code()) : BMax);
+        const std::byte* r = bk + i * rb;
+        const std::uint32_t t = record::token(r, d, b, id_bytes_);
+        *w++ = std::uint8_t(t < n_full ? limits.value(record::meta(r).step.bits, s_hat[t]) : BMax);
       }
     });
   }
