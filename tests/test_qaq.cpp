@@ -789,9 +789,10 @@ TEST(QaqCache, LoweringShiftsAndRaisingRestoresFromTheMirror) {
 }
 
 // Keys are re-decided only when the step's key limits change (decide_keys): at long context they stay equal for
-// several steps while tokens keep filling their histories. Whichever path a step takes, every key must sit at
-// the rule's width after it: across steps with equal and with changed limits, a target change, ragged streams
-// (a second sequence of another length) and a cleared, refilled sequence.
+// several steps while tokens keep filling their histories. Whichever path a step takes, every key (and value,
+// decided through the same fullness partition) must sit at the rule's width after it: across steps with equal
+// and with changed limits, a target change, ragged streams (a second sequence of another length) and a cleared,
+// refilled sequence.
 // Run with windows n = 5 and n = 1 (with n = 1 a refilled history is full after its first step).
 template <class Cache>
 void keys_follow_the_rule() {
@@ -826,10 +827,12 @@ void keys_follow_the_rule() {
           const kvc::qaq::StepWidths<> rule(c.length(l, s), c.targets().key_sigma_s, 1.0, c.targets().value_sigma_x,
                                             Cache::quantizer::widths());
           const auto& hist = c.histories(l, s, h);
-          c.for_each_record(c.keys(l, s, h), [&](const std::byte* r, int b, std::uint32_t t) {
-            ASSERT_EQ(b, Cache::quantizer::width(hist[t], Cache::record::meta(r), rule, true))
-                << when << " layer " << l << " seq " << s << " head " << h << " token " << t;
-          });
+          for (int side = 0; side < 2; ++side)  // values too: the same fullness partition decides them
+            c.for_each_record(side == 0 ? c.keys(l, s, h) : c.values(l, s, h), [&](const std::byte* r, int b,
+                                                                                  std::uint32_t t) {
+              ASSERT_EQ(b, Cache::quantizer::width(hist[t], Cache::record::meta(r), rule, side == 0))
+                  << when << " layer " << l << " seq " << s << " head " << h << " token " << t << " side " << side;
+            });
         }
   };
   // Layer 0 is updated every step, layer 1 every third (a layer's widths follow its own updates).

@@ -303,7 +303,8 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   }
 
  private:
-  /// One thread's scratch of rebucket(), kept between steps (its capacity is reused: no allocation per step).
+  /// One thread's scratch of update_widths() (push_and_decide_values, decide_keys, rebucket), kept between steps
+  /// (its capacity is reused: no allocation per step).
   struct Staging {
     Side moved;                          // the movers, by new width
     std::vector<std::uint8_t> width;     // new width of every record of the side being updated (decide_keys and
@@ -334,10 +335,10 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
                                    quantizer::widths());
   }
 
-  /// Tokens [0, n) of a stream whose histories will be full after this step's push (full() is monotone in the
-  /// token id, as every update observes every token and tokens are appended in order: a token has seen at least
-  /// as many steps as any later one, so n is one partition point; one more observation fills a history that
-  /// has seen n - 1).
+  /// n_full: tokens [0, n_full) of a stream are those whose histories will be full after this step's push, taken
+  /// before it (full() is monotone in the token id, as every update observes every token and tokens are appended
+  /// in order: a token has seen at least as many steps as any later one, so n_full is one partition point; one
+  /// more observation fills a history that has seen kWindow - 1). Both deciders (values and keys) use it.
   [[nodiscard]] static std::uint32_t full_after_push(const std::vector<history>& hist) noexcept {
     return std::uint32_t(std::partition_point(hist.begin(), hist.end(),
                                               [](const history& h) { return h.seen + 1 >= quantizer::kWindow; }) -
@@ -376,8 +377,9 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   /// (quantizer::value_width through `limits`) in sg.width[j], records numbered bucket by bucket (width BMin first)
   /// in their order. Two sequential passes: the histories in token order (push, then S^ into sg.s_hat), then the
   /// value records in bucket order, each reading its token's S^ from that T-byte array (L1/L2-resident), not its
-  /// history (a random line per record: pushing and deciding in record order cost the update about 1 ms more at
-  /// T = 32768). Tokens [0, n_full) are those whose histories are full after the push (full_after_push).
+  /// history (a random line per record: pushing and deciding in record order cost the update about 0.8 ms more
+  /// at T = 32768). n_full: full_after_push(hist_[st]) taken before this call, so t < n_full <=> hist[t].full()
+  /// after the push. Every token has exactly one value record.
   void push_and_decide_values(std::size_t st, const float* p, std::uint32_t n_full,
                               typename quantizer::StepLimits& limits, Staging& sg) {
     const int d = cfg_.head_dim;
