@@ -14,9 +14,11 @@
 //                                        histories)
 //   BM_QaqUpdateWidths/T:<n>             QAQ's per-step width update of that cache (history push, width rule,
 //                                        moves between buckets), one step's probabilities repeated
-//   BM_QaqDecodeStep/T:<n>/rho:<r>/bits10:<b>  a whole QAQ step (attention + width update) with a new query each
-//                                        step, independent (rho 0) or drifting (rho 995: q_i = 0.995 q_(i-1) + noise),
-//                                        at b / 10 bits per element; attention_ms / update_ms: its two halves;
+//   BM_QaqDecodeStep/T:<n>/rho:<r>/bits10:<b>/fused:<f>  a whole QAQ step (attention + width update) with a new
+//                                        query each step, independent (rho 0) or drifting (rho 995: q_i = 0.995
+//                                        q_(i-1) + noise), at b / 10 bits per element; fused 1: qaq_decode_step (each
+//                                        stream's update right after its attention), 0: decode_attention then
+//                                        update_widths, timed apart (attention_ms / update_ms);
 //                                        value_moved_pct: value records moved per step
 // Counters: bytes_per_second = cache bytes one decode step reads (codes, scales, zeros, windows);
 // bits_per_element = stored bits per K/V element, everything counted.
@@ -263,12 +265,14 @@ void BM_QaqUpdateWidths(benchmark::State& state) {
 /// over N(0, 1) keys) even small query steps move many tokens: rho = 0.97 moves ~15 %, 0.99 ~10 %, 0.995 ~8 %
 /// (T = 4096); 0.995 is the row, about what SmolLM2 moves per step at 3.5-3.9 bits (kvc-eval's `moved`:
 /// 3.8 % of the value records at qaq:3e-3:3e-2, 7.1 % at qaq:1e-3:1e-2).
-/// range(2): the budget in tenths of a bit per element (30: kivi2's; 39: ~3 code bits per side).
+/// range(2): the budget in tenths of a bit per element (30: kivi2's; 39: ~3 code bits per side). range(3): 1 runs
+/// qaq_decode_step as a model does; 0 its two halves one after the other, to time them apart.
 /// BM_QaqUpdateWidths repeats one step's probabilities, so after its first iteration nothing moves.
 void BM_QaqDecodeStep(benchmark::State& state) {
   const auto qs = qaq_queries(double(state.range(1)) / 1000.0, 64);
   kvc::qaq::TokenProbs probs;
   const auto cache = build_qaq(static_cast<int>(state.range(0)), qs, double(state.range(2)) / 10.0, probs);
+  const bool fused = state.range(3) != 0;
   std::vector<float> out(qs[0].size());
   const int heads = kKvHeads * kGqa;
   std::size_t step = 0;
@@ -281,22 +285,28 @@ void BM_QaqDecodeStep(benchmark::State& state) {
     kvc_bench::flush_caches();
     state.ResumeTiming();
     const std::vector<float>& q = qs[step++ % qs.size()];
-    // qaq_decode_step's two halves, timed apart
-    const auto t0 = clock::now();
-    kvc::decode_attention(*cache, 0, kvc::QueryView::contiguous(q.data(), 1, heads, kHeadDim),
-                          kvc::OutputView::contiguous(out.data(), 1, heads, kHeadDim), {}, &probs);
-    const auto t1 = clock::now();
-    cache->update_widths(0, probs);
-    update_s += std::chrono::duration<double>(clock::now() - t1).count();
-    attention_s += std::chrono::duration<double>(t1 - t0).count();
+    const auto qv = kvc::QueryView::contiguous(q.data(), 1, heads, kHeadDim);
+    const auto ov = kvc::OutputView::contiguous(out.data(), 1, heads, kHeadDim);
+    if (fused) {
+      kvc::qaq_decode_step(*cache, 0, qv, ov, {}, probs);
+    } else {  // qaq_decode_step's two halves, timed apart
+      const auto t0 = clock::now();
+      kvc::decode_attention(*cache, 0, qv, ov, {}, &probs);
+      const auto t1 = clock::now();
+      cache->update_widths(0, probs);
+      update_s += std::chrono::duration<double>(clock::now() - t1).count();
+      attention_s += std::chrono::duration<double>(t1 - t0).count();
+    }
     benchmark::DoNotOptimize(out.data());
   }
   // the share of value records that changed width per step, over the timed steps only
   const kvc::qaq::UpdateStats u = cache->update_stats();
   const double moved = double(u.lowered[1] + u.raised[1] - u0.lowered[1] - u0.raised[1]);
   state.counters["value_moved_pct"] = 100.0 * moved / double(std::max<std::uint64_t>(1, u.records[1] - u0.records[1]));
-  state.counters["attention_ms"] = 1e3 * attention_s / double(state.iterations());
-  state.counters["update_ms"] = 1e3 * update_s / double(state.iterations());
+  if (!fused) {
+    state.counters["attention_ms"] = 1e3 * attention_s / double(state.iterations());
+    state.counters["update_ms"] = 1e3 * update_s / double(state.iterations());
+  }
   state.counters["bytes_per_second"] = benchmark::Counter(
       static_cast<double>(cache->decode_read_bytes(0)) * state.iterations(), benchmark::Counter::kIsRate);
   state.counters["bits_per_element"] = cache->bits_per_element();
@@ -355,8 +365,9 @@ const int registered = [] {
   benchmark::RegisterBenchmark("BM_QaqUpdateWidths", BM_QaqUpdateWidths)
       ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("BM_QaqDecodeStep", BM_QaqDecodeStep)
-      ->ArgNames({"T", "rho", "bits10"})->Args({4096, 0, 30})->Args({32768, 0, 30})->Args({4096, 995, 30})
-      ->Args({32768, 995, 30})->Args({32768, 0, 39})->Args({32768, 995, 39})
+      ->ArgNames({"T", "rho", "bits10", "fused"})->Args({4096, 0, 30, 1})->Args({32768, 0, 30, 1})
+      ->Args({4096, 995, 30, 1})->Args({32768, 995, 30, 1})->Args({32768, 0, 39, 1})->Args({32768, 995, 39, 1})
+      ->Args({4096, 995, 30, 0})->Args({32768, 0, 30, 0})->Args({32768, 995, 30, 0})
       ->UseRealTime()->Unit(benchmark::kMillisecond);
   // Decode-time compression, block mode vs GEAR's literal mode (Algorithm 1) on the same policies.
   using namespace kvc::schemes;

@@ -730,6 +730,62 @@ INSTANTIATE_TEST_SUITE_P(Shapes, QaqCacheAttention,
                                   std::to_string(i.param.Hq);
                          });
 
+// qaq_decode_step runs each stream's update right after its attention in one parallel loop: the same outputs,
+// probabilities, buckets (byte for byte, in order) and histories as decode_attention then update_widths, over
+// ragged batches, GQA groups with and without g % 4 == 0, thread counts, and steps whose tokens keep moving.
+TEST(QaqCache, FusedStepEqualsAttentionThenUpdate) {
+  for (const QaqShape shape : {QaqShape{64, 2, 8}, QaqShape{128, 3, 9}, QaqShape{32, 1, 1}})
+    for (int threads : {1, 2, 3}) {
+      const auto [d, H, Hq] = shape;
+      const std::vector<int> prefill{9, 33, 2};
+      const int steps = 14, batch = int(prefill.size());
+      std::vector<kvc_test::KV> x;
+      for (int s = 0; s < batch; ++s) x.push_back(kvc_test::random_kv(prefill[std::size_t(s)] + steps, H, d, 300 + s));
+      Qaq fused({2, batch, H, d, 64}, {1e-2, 5e-2}, unit_calibration(2, H, d)), apart = fused;
+      for (Qaq* c : {&fused, &apart})
+        for (int l = 0; l < 2; ++l)
+          for (int s = 0; s < batch; ++s)
+            c->append(l, s, x[std::size_t(s)].kview(0, prefill[std::size_t(s)]), x[std::size_t(s)].vview(0, prefill[std::size_t(s)]));
+      kvc::AttentionOptions opt;
+      opt.num_threads = threads;
+      kvc::qaq::TokenProbs pf, pa;
+      for (int step = 0; step < steps; ++step) {
+        const int layer = step % 2;
+        for (Qaq* c : {&fused, &apart})
+          for (int s = 0; s < batch; ++s)
+            c->append(layer, s, x[std::size_t(s)].kview(prefill[std::size_t(s)] + step, 1),
+                      x[std::size_t(s)].vview(prefill[std::size_t(s)] + step, 1));
+        const std::vector<float> q = kvc_test::random_query(batch, Hq, d, 900 + step);
+        ASSERT_TRUE(kvc::qaq::detail::scores_cannot_overflow(kvc::QueryView::contiguous(q.data(), batch, Hq, d), d, opt));
+        std::vector<float> of(q.size()), oa(q.size());
+        kvc::qaq_decode_step(fused, layer, kvc::QueryView::contiguous(q.data(), batch, Hq, d),
+                             kvc::OutputView::contiguous(of.data(), batch, Hq, d), opt, pf);
+        kvc::decode_attention(apart, layer, kvc::QueryView::contiguous(q.data(), batch, Hq, d),
+                              kvc::OutputView::contiguous(oa.data(), batch, Hq, d), opt, &pa);
+        apart.update_widths(layer, pa);
+        const std::string at = "d " + std::to_string(d) + " Hq " + std::to_string(Hq) + " threads " +
+                               std::to_string(threads) + " step " + std::to_string(step);
+        ASSERT_TRUE(kvc_test::bytes_equal(of, oa)) << at;
+        for (int s = 0; s < batch; ++s)
+          for (int h = 0; h < H; ++h) {
+            ASSERT_EQ(0, std::memcmp(pf.row(s, h), pa.row(s, h), sizeof(float) * std::size_t(fused.length(layer, s)))) << at;
+            for (int side = 0; side < 2; ++side)
+              ASSERT_EQ((side == 0 ? fused.keys(layer, s, h) : fused.values(layer, s, h)).bucket,
+                        (side == 0 ? apart.keys(layer, s, h) : apart.values(layer, s, h)).bucket)
+                  << at << " seq " << s << " head " << h << " side " << side;
+            const auto &hf = fused.histories(layer, s, h), &ha = apart.histories(layer, s, h);
+            ASSERT_EQ(hf.size(), ha.size()) << at;
+            ASSERT_EQ(0, std::memcmp(hf.data(), ha.data(), hf.size() * sizeof(hf[0]))) << at;
+          }
+        const kvc::qaq::UpdateStats uf = fused.update_stats(), ua = apart.update_stats();
+        ASSERT_EQ(uf.updates, ua.updates) << at;
+        ASSERT_EQ(uf.lowered, ua.lowered) << at;
+        ASSERT_EQ(uf.raised, ua.raised) << at;
+      }
+      EXPECT_GT(fused.update_stats().lowered[1] + fused.update_stats().raised[1], 0u);  // tokens did move
+    }
+}
+
 /// Every record of (layer 0, seq) reconstructs exactly as the original (x) quantized at the record's width.
 void expect_records_are_the_original_at_their_width(const Qaq& c, int seq, const kvc_test::KV& x) {
   using Q = Qaq::quantizer;
@@ -996,6 +1052,19 @@ TEST(QaqCache, BadInputIsRejectedAndLeavesTheCacheUnchanged) {
             }),
             kvc::Errc::kInvalidArgument);  // one of two sequences
   unchanged();
+  // Scores that overflow float: the step takes its two halves apart, so the error changes nothing (not even the
+  // step count).
+  const std::vector<float> huge(std::size_t(2) * H * d, 3e38f);
+  std::vector<float> out2(huge.size());
+  const auto huge_q = kvc::QueryView::contiguous(huge.data(), 2, H, d);
+  EXPECT_FALSE(kvc::qaq::detail::scores_cannot_overflow(huge_q, d, {}));
+  const std::uint64_t updates = c.update_stats().updates;
+  EXPECT_EQ(error_of([&] {
+              kvc::qaq_decode_step(c, 0, huge_q, kvc::OutputView::contiguous(out2.data(), 2, H, d), {}, probs);
+            }),
+            kvc::Errc::kOutOfRange);
+  unchanged();
+  EXPECT_EQ(c.update_stats().updates, updates);
   EXPECT_EQ(error_of([&] { c.clear(2); }), kvc::Errc::kInvalidArgument);  // the cache has two sequences
   EXPECT_EQ(error_of([&] { c.clear(-1); }), kvc::Errc::kInvalidArgument);
   unchanged();

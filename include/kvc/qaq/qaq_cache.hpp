@@ -70,6 +70,9 @@ struct UpdateStats {
     return *this;
   }
 };
+namespace detail {
+struct FusedStep;  // qaq/decode_attention.hpp: qaq_decode_step's access to the per-stream update
+}  // namespace detail
 }  // namespace qaq
 
 template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds>
@@ -193,15 +196,8 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     }
     ++updates_;
     if constexpr (!kAdaptive) return;
-    for_each_stream(layer, [&](int i, std::size_t st, int T, Staging& sg) {
-      const qaq::StepWidths<Bounds> rule = step_rule(layer, i % cfg_.kv_heads, T);
-      typename quantizer::StepLimits limits(rule);  // the rule as integer compares on step_max's fp16 bits
-      const std::uint32_t n_full = full_after_push(hist_[st]);
-      push_and_decide_values(st, probs.row(i / cfg_.kv_heads, i % cfg_.kv_heads), n_full, limits, sg);
-      rebucket(st, false, sg.width.data(), sg);
-      decide_keys(st, n_full, limits, sg.width);
-      rebucket(st, true, sg.width.data(), sg);
-      key_memo_[st] = {limits.key_limits(), n_full, true};  // once the keys are where decide_keys put them
+    for_each_stream([&](int i, Staging& sg) {
+      update_stream(layer, i, probs.row(i / cfg_.kv_heads, i % cfg_.kv_heads), sg);
     });
   }
 
@@ -353,9 +349,9 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       f(b, bk.data(), bk.size() / rb, rb);
     }
   }
-  /// Runs f(i, stream, length, staging) for every (sequence, KV head) stream i of `layer`, in parallel.
+  /// Runs f(i, staging) for every (sequence, KV head) stream i of a layer, in parallel.
   template <class F>
-  void for_each_stream(int layer, F&& f) {
+  void for_each_stream(F&& f) {
     const int streams = cfg_.batch * cfg_.kv_heads;
 #if KVC_HAS_OPENMP()
     staging_.resize(std::max(staging_.size(), std::size_t(std::max(1, omp_get_max_threads()))));
@@ -364,15 +360,31 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     staging_.resize(1);
 #endif
     for (int i = 0; i < streams; ++i) {
-      const int s = i / cfg_.kv_heads;
 #if KVC_HAS_OPENMP()
-      Staging& sg = staging_[std::size_t(omp_get_thread_num())];
+      f(i, staging_[std::size_t(omp_get_thread_num())]);
 #else
-      Staging& sg = staging_[0];
+      f(i, staging_[0]);
 #endif
-      f(i, stream(layer, s, i % cfg_.kv_heads), lengths_[std::size_t(layer) * cfg_.batch + s], sg);
     }
   }
+  friend struct qaq::detail::FusedStep;
+  /// update_widths' work for stream i (sequence i / kv_heads, KV head i % kv_heads) of `layer`, on one thread's
+  /// scratch: p, the stream's probabilities of this step (valid: finite, in [0, 1]), recorded in its histories,
+  /// then every record at the width the rule gives. Touches stream i's state and sg only: distinct streams may be
+  /// updated concurrently (qaq_decode_step runs each right after its attention).
+  void update_stream(int layer, int i, const float* p, Staging& sg) {
+    const std::size_t st = stream(layer, i / cfg_.kv_heads, i % cfg_.kv_heads);
+    const int T = lengths_[std::size_t(layer) * cfg_.batch + i / cfg_.kv_heads];
+    const qaq::StepWidths<Bounds> rule = step_rule(layer, i % cfg_.kv_heads, T);
+    typename quantizer::StepLimits limits(rule);  // the rule as integer compares on step_max's fp16 bits
+    const std::uint32_t n_full = full_after_push(hist_[st]);
+    push_and_decide_values(st, p, n_full, limits, sg);
+    rebucket(st, false, sg.width.data(), sg);
+    decide_keys(st, n_full, limits, sg.width);
+    rebucket(st, true, sg.width.data(), sg);
+    key_memo_[st] = {limits.key_limits(), n_full, true};  // once the keys are where decide_keys put them
+  }
+
   /// Records this step's probability p[t] in every token's history, then gives each value record its new width
   /// (quantizer::value_width through `limits`) in sg.width[j], records numbered bucket by bucket (width BMin first)
   /// in their order. Two sequential passes: the histories in token order (push, then S^ into sg.s_hat), then the
