@@ -746,8 +746,10 @@ TEST(QaqCache, FusedStepEqualsAttentionThenUpdate) {
         for (int l = 0; l < 2; ++l)
           for (int s = 0; s < batch; ++s)
             c->append(l, s, x[std::size_t(s)].kview(0, prefill[std::size_t(s)]), x[std::size_t(s)].vview(0, prefill[std::size_t(s)]));
-      kvc::AttentionOptions opt;
+      kvc::AttentionOptions opt;  // 1 thread: the portable kernel; 3: kExact; 2: the default
       opt.num_threads = threads;
+      if (threads == 1) opt.isa = kvc::Isa::kPortable;
+      if (threads == 3) opt.precision = kvc::Precision::kExact;
       kvc::qaq::TokenProbs pf, pa;
       for (int step = 0; step < steps; ++step) {
         const int layer = step % 2;
@@ -779,11 +781,85 @@ TEST(QaqCache, FusedStepEqualsAttentionThenUpdate) {
           }
         const kvc::qaq::UpdateStats uf = fused.update_stats(), ua = apart.update_stats();
         ASSERT_EQ(uf.updates, ua.updates) << at;
+        ASSERT_EQ(uf.records, ua.records) << at;
         ASSERT_EQ(uf.lowered, ua.lowered) << at;
         ASSERT_EQ(uf.raised, ua.raised) << at;
       }
       EXPECT_GT(fused.update_stats().lowered[1] + fused.update_stats().raised[1], 0u);  // tokens did move
     }
+}
+
+// A step qaq_decode_step rejects changes nothing: not a history, not a record, not the step count. The cache has
+// taken good steps first (full histories, tokens moving), so a step that ran would change it; scores that
+// overflow float (a huge query, or a finite scale whose float product with log2(e) is not) take the two halves
+// apart and fail before the update; bad views fail before the overflow test reads them.
+TEST(QaqCache, FusedStepErrorsLeaveTheCacheUnchanged) {
+  const int d = 64, H = 2, Hq = 4, batch = 2, T = 20;
+  const kvc_test::KV x = kvc_test::random_kv(T, H, d, 12);
+  Qaq c({1, batch, H, d, 32}, {1e-2, 5e-2}, unit_calibration(1, H, d));
+  c.append(0, 0, x.kview(0, T), x.vview(0, T));
+  c.append(0, 1, x.kview(0, 11), x.vview(0, 11));
+  kvc::qaq::TokenProbs probs;
+  std::vector<float> out(std::size_t(batch) * Hq * d);
+  const auto ov = kvc::OutputView::contiguous(out.data(), batch, Hq, d);
+  for (int step = 0; step < 7; ++step) {
+    const std::vector<float> q = kvc_test::random_query(batch, Hq, d, 40 + step);
+    kvc::qaq_decode_step(c, 0, kvc::QueryView::contiguous(q.data(), batch, Hq, d), ov, {}, probs);
+  }
+  ASSERT_GT(c.update_stats().lowered[1] + c.update_stats().raised[1], 0u);
+  struct Snapshot {
+    std::vector<std::vector<std::byte>> buckets;
+    std::vector<std::uint8_t> histories;
+    kvc::qaq::UpdateStats stats;
+  };
+  auto snapshot = [&] {
+    Snapshot sn;
+    for (int s = 0; s < batch; ++s)
+      for (int h = 0; h < H; ++h) {
+        for (const auto* sd : {&c.keys(0, s, h), &c.values(0, s, h)})
+          for (const auto& b : sd->bucket) sn.buckets.push_back(b);
+        const auto& hist = c.histories(0, s, h);
+        const auto* p = reinterpret_cast<const std::uint8_t*>(hist.data());
+        sn.histories.insert(sn.histories.end(), p, p + hist.size() * sizeof(hist[0]));
+      }
+    sn.stats = c.update_stats();
+    return sn;
+  };
+  const Snapshot before = snapshot();
+  auto expect_unchanged = [&](const char* what) {
+    const Snapshot now = snapshot();
+    EXPECT_TRUE(now.buckets == before.buckets) << what;
+    EXPECT_TRUE(now.histories == before.histories) << what;
+    EXPECT_EQ(now.stats.updates, before.stats.updates) << what;
+    EXPECT_EQ(now.stats.records, before.stats.records) << what;
+  };
+  const std::vector<float> good = kvc_test::random_query(batch, Hq, d, 99);
+  const std::vector<float> huge(good.size(), 3e38f), zero(good.size(), 0.0f);
+  const auto huge_q = kvc::QueryView::contiguous(huge.data(), batch, Hq, d);
+  EXPECT_FALSE(kvc::qaq::detail::scores_cannot_overflow(huge_q, d, {}));
+  EXPECT_EQ(error_of([&] { kvc::qaq_decode_step(c, 0, huge_q, ov, {}, probs); }), kvc::Errc::kOutOfRange);
+  expect_unchanged("huge query");
+  kvc::AttentionOptions big_scale;
+  big_scale.scale = 3e38f;  // finite, accepted; times log2(e) in float: infinite, so 0 * inf = NaN scores
+  const auto zero_q = kvc::QueryView::contiguous(zero.data(), batch, Hq, d);
+  EXPECT_FALSE(kvc::qaq::detail::scores_cannot_overflow(zero_q, d, big_scale));
+  EXPECT_EQ(error_of([&] { kvc::qaq_decode_step(c, 0, zero_q, ov, big_scale, probs); }), kvc::Errc::kOutOfRange);
+  expect_unchanged("scale overflowing float");
+  kvc::QueryView null_q = kvc::QueryView::contiguous(good.data(), batch, Hq, d);
+  null_q.data = nullptr;
+  EXPECT_EQ(error_of([&] { kvc::qaq_decode_step(c, 0, null_q, ov, {}, probs); }), kvc::Errc::kInvalidArgument);
+  expect_unchanged("null query");
+  EXPECT_EQ(error_of([&] {
+              kvc::qaq_decode_step(c, 0, kvc::QueryView::contiguous(good.data(), batch, Hq / 2, 2 * d), ov, {}, probs);
+            }),
+            kvc::Errc::kInvalidArgument);
+  expect_unchanged("head_dim");
+  EXPECT_EQ(error_of([&] { kvc::qaq_decode_step(c, 1, kvc::QueryView::contiguous(good.data(), batch, Hq, d), ov, {}, probs); }),
+            kvc::Errc::kInvalidArgument);
+  expect_unchanged("layer");
+  // and the good step after them runs (and changes the cache)
+  kvc::qaq_decode_step(c, 0, kvc::QueryView::contiguous(good.data(), batch, Hq, d), ov, {}, probs);
+  EXPECT_EQ(c.update_stats().updates, before.stats.updates + 1);
 }
 
 /// Every record of (layer 0, seq) reconstructs exactly as the original (x) quantized at the record's width.
@@ -1052,19 +1128,6 @@ TEST(QaqCache, BadInputIsRejectedAndLeavesTheCacheUnchanged) {
             }),
             kvc::Errc::kInvalidArgument);  // one of two sequences
   unchanged();
-  // Scores that overflow float: the step takes its two halves apart, so the error changes nothing (not even the
-  // step count).
-  const std::vector<float> huge(std::size_t(2) * H * d, 3e38f);
-  std::vector<float> out2(huge.size());
-  const auto huge_q = kvc::QueryView::contiguous(huge.data(), 2, H, d);
-  EXPECT_FALSE(kvc::qaq::detail::scores_cannot_overflow(huge_q, d, {}));
-  const std::uint64_t updates = c.update_stats().updates;
-  EXPECT_EQ(error_of([&] {
-              kvc::qaq_decode_step(c, 0, huge_q, kvc::OutputView::contiguous(out2.data(), 2, H, d), {}, probs);
-            }),
-            kvc::Errc::kOutOfRange);
-  unchanged();
-  EXPECT_EQ(c.update_stats().updates, updates);
   EXPECT_EQ(error_of([&] { c.clear(2); }), kvc::Errc::kInvalidArgument);  // the cache has two sequences
   EXPECT_EQ(error_of([&] { c.clear(-1); }), kvc::Errc::kInvalidArgument);
   unchanged();

@@ -18,8 +18,9 @@
 ///    <= 2^(b - 15) max|q_h| / mean|q_h| (b = 8, a max/mean of 10: 0.08; at b <= 4, < 0.005). Values, the
 ///    zero terms and the outliers stay float.
 ///  - kExact, and the portable path: float FMAs over the decoded codes.
-/// Scratch: group x (T + 6) + 4 d floats and group x d int16 per thread. Parallel over (sequence, KV head)
-/// with OpenMP. Host only.
+/// Scratch: group x (T + 6 + 2 d) + 4 d floats and group x d int16 per thread. Parallel over (sequence, KV
+/// head) with OpenMP. qaq_decode_step runs each stream's width update inside the same loop, right after its
+/// attention. Host only.
 #pragma once
 
 #include <kvc/config.hpp>
@@ -84,31 +85,48 @@ KVC_SUPPRESS_INTRINSIC_WARNINGS_END
 
 namespace kvc {
 namespace qaq::detail {
-/// The threads decode attention runs with (AttentionOptions::num_threads, else OpenMP's default; 1 without OpenMP).
+/// The most threads decode attention runs with (AttentionOptions::num_threads, else OpenMP's default, at most
+/// OpenMP's thread limit; 1 without OpenMP).
 inline int attention_threads(const AttentionOptions& opt) noexcept {
 #if KVC_HAS_OPENMP()
-  return opt.num_threads > 0 ? opt.num_threads : omp_get_max_threads();
+  return std::max(1, std::min(opt.num_threads > 0 ? opt.num_threads : omp_get_max_threads(), omp_get_thread_limit()));
 #else
   (void)opt;
   return 1;
 #endif
 }
 
-/// decode_attention's body. after(i, thread) runs right after stream i's attention on the thread that ran it
-/// (qaq_decode_step: that stream's width update, so both halves of the step share one parallel loop).
-template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds, class After>
-void attend(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>>& cache, int layer,
-            QueryView q, OutputView out, const AttentionOptions& opt, TokenProbs* probs, After&& after) {
-  using Cache = CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>>;
+/// The factor the kernels apply to the query: (AttentionOptions::scale, or 1 / sqrt(d)) * log2(e), in float
+/// (infinite for a scale above FLT_MAX / log2(e)).
+inline float query_scale(const AttentionOptions& opt, int d) noexcept {
+  return (opt.scale > 0.0f ? opt.scale : 1.0f / std::sqrt(float(d))) * kvc::detail::kLog2e;
+}
+
+/// decode_attention's input checks (errors as kvc::decode_attention); returns every sequence's length.
+template <class Cache>
+std::vector<int> checked_lengths(const Cache& cache, int layer, QueryView q, OutputView out, const AttentionOptions& opt) {
   const CacheConfig& cfg = cache.config();
   KVC_CHECK(layer >= 0 && layer < cfg.layers, Errc::kInvalidArgument, "layer ", layer, " out of range [0, ",
             cfg.layers, ")");
   std::vector<int> lengths(std::size_t(cfg.batch));
   for (int s = 0; s < cfg.batch; ++s) lengths[std::size_t(s)] = cache.length(layer, s);
   kvc::detail::check_decode_inputs(cfg.batch, cfg.kv_heads, cfg.head_dim, lengths.data(), q, out);
+  (void)validate(opt);
+  return lengths;
+}
+
+/// decode_attention's body. after(i, thread) runs right after stream i's attention on the thread that ran it
+/// (qaq_decode_step: that stream's width update, so both halves of the step share one parallel loop), outside
+/// the attention's denormal flushing.
+template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds, class After>
+void attend(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>>& cache, int layer,
+            QueryView q, OutputView out, const AttentionOptions& opt, TokenProbs* probs, After&& after) {
+  using Cache = CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>>;
+  const CacheConfig& cfg = cache.config();
+  const std::vector<int> lengths = checked_lengths(cache, layer, q, out, opt);
   const Isa isa = validate(opt);
   const int nseq = q.dim0, H = cfg.kv_heads, g = q.dim1 / H, d = cfg.head_dim;
-  const float scale = (opt.scale > 0.0f ? opt.scale : 1.0f / std::sqrt(float(d))) * kvc::detail::kLog2e;
+  const float scale = query_scale(opt, d);
   const int tmax = *std::max_element(lengths.begin(), lengths.begin() + nseq);
   if (probs) probs->resize(nseq, H, tmax);
   AlignedBuffer<float> qs(std::size_t(nseq) * q.dim1 * d), result(std::size_t(nseq) * q.dim1 * d);
@@ -133,7 +151,6 @@ void attend(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Wi
 #  pragma omp parallel num_threads(attention_threads(opt))
 #endif
   {
-    const kvc::detail::FlushDenormals ftz;  // probabilities far below the max underflow (see decode_attention.hpp)
     // [T][g] scores first (64-byte aligned: a token's g <= 16 scores share a line when g | 16), then
     // qsum, qscale, zsum, heads [3][g], codes [4][d], qt and ot [d][g]
     const std::size_t ns = std::size_t(g) * std::size_t(tmax), dg = std::size_t(d) * g;
@@ -172,8 +189,11 @@ void attend(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Wi
                                       qt + dg,
                                       int16_keys ? qi.data() : nullptr,
                                       qscale};
-      finite[std::size_t(i)] = run(cache, cache.keys(layer, s, kh), cache.values(layer, s, kh), st,
-                                   probs ? probs->row(s, kh) : nullptr);
+      {
+        const kvc::detail::FlushDenormals ftz;  // probabilities far below the max underflow (see decode_attention.hpp)
+        finite[std::size_t(i)] = run(cache, cache.keys(layer, s, kh), cache.values(layer, s, kh), st,
+                                     probs ? probs->row(s, kh) : nullptr);
+      }
       after(i, thread);
     }
   }
@@ -201,13 +221,16 @@ struct FusedStep {
   }
 };
 
-/// Whether no score of `q` can overflow float for any cache content: every reconstructed or exact K element is
-/// below 2^18 in magnitude (fp16 lo and step, |lo| + step (2^b - 1) <= 2^17 (1 + 2^-10); outliers fp16), and
-/// every term the kernels sum (per channel, per record affine, kFast's qscale products) is at most 2^20 times the
-/// scaled query's L1 norm, so an L1 norm <= 2^96 keeps every partial sum <= 2^116; the softmax of finite scores
-/// is finite (its sum lies in [1, T]). False also for a non-finite query.
+/// Whether no score of `q` (a view checked_lengths accepted) can overflow float for any cache content: every
+/// reconstructed or exact K element is below 2^18 in magnitude (fp16 lo and step: |lo| <= 65504 and
+/// step (2^b - 1) <= 2^17 (1 + 2^-10); outliers fp16), and every term the kernels sum (per channel, per record
+/// affine, kFast's qscale products) is at most 2^20 times the scaled query's L1 norm, so an L1 norm <= 2^96
+/// keeps every partial sum <= 2^116; the softmax of finite scores is finite (its sum lies in [1, T]). False
+/// for a non-finite query or scale.
 inline bool scores_cannot_overflow(QueryView q, int d, const AttentionOptions& opt) noexcept {
-  const double scale = double(opt.scale > 0.0f ? opt.scale : 1.0f / std::sqrt(float(d))) * kvc::detail::kLog2e;
+  const float fscale = query_scale(opt, d);
+  if (!std::isfinite(fscale)) return false;
+  const double scale = double(fscale);
   for (int s = 0; s < q.dim0; ++s)
     for (int h = 0; h < q.dim1; ++h) {
       double l1 = 0.0;
@@ -231,17 +254,19 @@ void decode_attention(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPe
 /// probabilities (handed back in `probs`); the same result as decode_attention then update_widths. q.dim0 must
 /// equal the cache's batch (every sequence's history advances). Each stream's update runs right after its
 /// attention on the same thread, in one parallel loop (its probabilities still in cache, no second fork and
-/// uneven update work levelled by the loop's dynamic schedule; T = 32768: 13.6 -> 12.5 ms a step). That needs
-/// the attention not to fail once streams are updated: for a query whose scores could overflow float
-/// (qaq::detail::scores_cannot_overflow false, far beyond real queries) the step runs the two halves apart, so
-/// an overflow error leaves the cache unchanged. The probabilities of the fused step are valid by construction
-/// (finite softmax outputs in [0, 1]): not re-checked.
+/// uneven update work levelled by the loop's dynamic schedule; T = 32768: 13.5 -> 12.9 ms a step at rho 0.995,
+/// 14.8 -> 13.7 at rho 0). That needs the attention not to fail once streams are updated: the inputs are
+/// checked first, and for a query whose scores could overflow float (qaq::detail::scores_cannot_overflow false,
+/// far beyond real queries) the step runs the two halves apart, so an overflow error leaves the cache
+/// unchanged. The probabilities of the fused step are valid by construction (finite softmax outputs in
+/// [0, 1]): not re-checked.
 template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds>
 void qaq_decode_step(CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>>& cache, int layer,
                      QueryView q, OutputView out, const AttentionOptions& opt, qaq::TokenProbs& probs) {
   using Cache = CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>>;
   KVC_CHECK(q.dim0 == cache.config().batch, Errc::kInvalidArgument, "a QAQ decode step attends every sequence: query holds ",
             q.dim0, ", the cache ", cache.config().batch);
+  (void)qaq::detail::checked_lengths(cache, layer, q, out, opt);  // before the overflow test reads the query
   if (!Cache::kAdaptive || !qaq::detail::scores_cannot_overflow(q, cache.config().head_dim, opt)) {
     decode_attention(cache, layer, q, out, opt, &probs);
     cache.update_widths(layer, probs);  // (BMin == BMax: counts the step; nothing moves)
@@ -249,7 +274,6 @@ void qaq_decode_step(CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille,
   }
   using Access = qaq::detail::FusedStep;
   Access::reserve(cache, qaq::detail::attention_threads(opt));
-  // attend checks its inputs before its loop: a rejected input updates nothing
   qaq::detail::attend(cache, layer, q, out, opt, &probs, [&](int i, int thread) {
     Access::update(cache, layer, i, probs.row(i / cache.config().kv_heads, i % cache.config().kv_heads), thread);
   });

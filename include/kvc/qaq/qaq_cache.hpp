@@ -58,11 +58,11 @@ struct TokenProbs {
   }
 };
 
-/// What update_widths() has done since the cache was made: per side (0 keys, 1 values) the records whose width
+/// What the width updates (update_widths(), qaq_decode_step) have done since the cache was made: per side (0 keys, 1 values) the records whose width
 /// was re-derived, and those lowered and raised (moved to another bucket). The share moved per step is what the
 /// update costs beyond its per-record floor.
 struct UpdateStats {
-  std::uint64_t updates = 0;  ///< update_widths() calls
+  std::uint64_t updates = 0;  ///< width updates (update_widths() calls and qaq_decode_step steps)
   std::array<std::uint64_t, 2> records{}, lowered{}, raised{};
   UpdateStats& operator+=(const UpdateStats& o) noexcept {
     updates += o.updates;
@@ -112,7 +112,8 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
   }
 
-  /// Changes the error targets (SPEC Q1); they take effect at the next update_widths().
+  /// Changes the error targets (SPEC Q1); they take effect at the next width update (update_widths(),
+  /// qaq_decode_step).
   void set_targets(qaq::Targets t) {
     qaq::check_targets(t);
     targets_ = t;
@@ -201,7 +202,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     });
   }
 
-  /// Counts of every update_widths() so far (qaq::UpdateStats).
+  /// Counts of every width update so far (qaq::UpdateStats).
   [[nodiscard]] qaq::UpdateStats update_stats() const {
     qaq::UpdateStats total;
     for (const Staging& sg : staging_) total += sg.stats;
@@ -299,7 +300,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   }
 
  private:
-  /// One thread's scratch of update_widths() (push_and_decide_values, decide_keys, rebucket), kept between steps
+  /// One thread's scratch of the width update (push_and_decide_values, decide_keys, rebucket), kept between steps
   /// (its capacity is reused: no allocation per step).
   struct Staging {
     Side moved;                          // the movers, by new width
@@ -349,7 +350,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       f(b, bk.data(), bk.size() / rb, rb);
     }
   }
-  /// Runs f(i, staging) for every (sequence, KV head) stream i of a layer, in parallel.
+  /// Runs f(i, staging) for every (sequence, KV head) stream index i, in parallel.
   template <class F>
   void for_each_stream(F&& f) {
     const int streams = cfg_.batch * cfg_.kv_heads;
@@ -536,7 +537,8 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   std::vector<KeyMemo> key_memo_;
   std::vector<mirror_rows> mirror_k_, mirror_v_;
   std::vector<int> lengths_;
-  std::vector<Staging> staging_;  // update_widths' per-thread scratch (not cache state) and counts
+  std::vector<Staging> staging_;  // the width update's per-thread scratch (not cache state) and counts; one per
+                                  // thread of for_each_stream or of qaq_decode_step (FusedStep::reserve)
   std::uint64_t updates_ = 0;
 };
 }  // namespace kvc
