@@ -123,8 +123,8 @@ void attend(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Wi
             QueryView q, OutputView out, const AttentionOptions& opt, TokenProbs* probs, After&& after) {
   using Cache = CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>>;
   const CacheConfig& cfg = cache.config();
-  const std::vector<int> lengths = checked_lengths(cache, layer, q, out, opt);
-  const Isa isa = validate(opt);
+  const std::vector<int> lengths = checked_lengths(cache, layer, q, out, opt);  // validates opt too
+  const Isa isa = resolve_isa(opt.isa);
   const int nseq = q.dim0, H = cfg.kv_heads, g = q.dim1 / H, d = cfg.head_dim;
   const float scale = query_scale(opt, d);
   const int tmax = *std::max_element(lengths.begin(), lengths.begin() + nseq);
@@ -209,7 +209,7 @@ struct FusedStep {
   /// Scratch for `threads` threads (not cache state).
   template <class Cache>
   static void reserve(Cache& cache, int threads) {
-    cache.staging_.resize(std::max(cache.staging_.size(), std::size_t(std::max(1, threads))));
+    cache.reserve_staging(threads);
   }
   template <class Cache>
   static void count_update(Cache& cache) noexcept {

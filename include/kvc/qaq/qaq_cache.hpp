@@ -58,9 +58,9 @@ struct TokenProbs {
   }
 };
 
-/// What the width updates (update_widths(), qaq_decode_step) have done since the cache was made: per side (0 keys, 1 values) the records whose width
-/// was re-derived, and those lowered and raised (moved to another bucket). The share moved per step is what the
-/// update costs beyond its per-record floor.
+/// What the width updates (update_widths(), qaq_decode_step) have done since the cache was made: per side (0 keys,
+/// 1 values) the records whose width was re-derived, and those lowered and raised (moved to another bucket). The
+/// share moved per step is what the update costs beyond its per-record floor.
 struct UpdateStats {
   std::uint64_t updates = 0;  ///< width updates (update_widths() calls and qaq_decode_step steps)
   std::array<std::uint64_t, 2> records{}, lowered{}, raised{};
@@ -350,15 +350,17 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       f(b, bk.data(), bk.size() / rb, rb);
     }
   }
+  /// At least one Staging per thread of a parallel loop of `threads` threads (kept: not cache state).
+  void reserve_staging(int threads) { staging_.resize(std::max(staging_.size(), std::size_t(std::max(1, threads)))); }
   /// Runs f(i, staging) for every (sequence, KV head) stream index i, in parallel.
   template <class F>
   void for_each_stream(F&& f) {
     const int streams = cfg_.batch * cfg_.kv_heads;
 #if KVC_HAS_OPENMP()
-    staging_.resize(std::max(staging_.size(), std::size_t(std::max(1, omp_get_max_threads()))));
+    reserve_staging(omp_get_max_threads());
 #  pragma omp parallel for schedule(dynamic, 1) if (streams > 1)
 #else
-    staging_.resize(1);
+    reserve_staging(1);
 #endif
     for (int i = 0; i < streams; ++i) {
 #if KVC_HAS_OPENMP()
