@@ -161,40 +161,24 @@ inline void dot_heads(const float* __restrict q, int d, const float* __restrict 
   for (int h = 0; h < NH; ++h) res[h] = simd::reduce_add(a0[h] + a1[h]);
 }
 
-/// o[0, d) += sum_k w[k] x_k[0, d) over NR rows x_k = x + k d: each output vector loaded and stored once per
-/// NR rows.
-template <int NR>
+/// o_h[0, d) += sum_k w[4 h + k] x_k[0, d) for NH heads h (o_h = o + h d) over NR <= 4 rows x_k = x + k d: each
+/// output vector loaded and stored once per NR rows, each row vector loaded once for all NH heads (NH = 2 at
+/// NR = 4 keeps 2 NR weights, NR rows and one output in registers: 13 of AVX2's 16).
+template <int NR, int NH = 1>
 inline void axpy_rows(const float* __restrict w, const float* __restrict x, int d, float* __restrict o) noexcept {
   using F = simd::VecF;
-  F wv[NR];
-  for (int k = 0; k < NR; ++k) wv[k] = F::set1(w[k]);
-  for (int c = 0; c < d; c += F::N) {
-    F acc = F::load(o + c);
-    for (int k = 0; k < NR; ++k) acc = simd::fma(wv[k], F::load(x + std::size_t(k) * d + c), acc);
-    acc.store(o + c);
-  }
-}
-
-/// axpy_rows for two heads at once, o0 += sum_k w0[k] x_k and o1 += sum_k w1[k] x_k: each row vector loaded
-/// once for both (2 NR weights, NR rows and one output in registers: 13 of AVX2's 16 at NR = 4).
-template <int NR>
-inline void axpy_rows2(const float* __restrict w0, const float* __restrict w1, const float* __restrict x, int d,
-                       float* __restrict o0, float* __restrict o1) noexcept {
-  using F = simd::VecF;
-  F v0[NR], v1[NR];
-  for (int k = 0; k < NR; ++k) {
-    v0[k] = F::set1(w0[k]);
-    v1[k] = F::set1(w1[k]);
-  }
+  F wv[NH][NR];
+  for (int h = 0; h < NH; ++h)
+    for (int k = 0; k < NR; ++k) wv[h][k] = F::set1(w[4 * h + k]);
   for (int c = 0; c < d; c += F::N) {
     F xk[NR];
     for (int k = 0; k < NR; ++k) xk[k] = F::load(x + std::size_t(k) * d + c);
-    F a0 = F::load(o0 + c);
-    for (int k = 0; k < NR; ++k) a0 = simd::fma(v0[k], xk[k], a0);
-    a0.store(o0 + c);
-    F a1 = F::load(o1 + c);
-    for (int k = 0; k < NR; ++k) a1 = simd::fma(v1[k], xk[k], a1);
-    a1.store(o1 + c);
+    for (int h = 0; h < NH; ++h) {
+      float* oh = o + std::size_t(h) * d + c;
+      F acc = F::load(oh);
+      for (int k = 0; k < NR; ++k) acc = simd::fma(wv[h][k], xk[k], acc);
+      acc.store(oh);
+    }
   }
 }
 
@@ -330,8 +314,8 @@ void bucket_scores16(const std::byte* bk, std::size_t n, std::size_t rb, Token&&
 
 /// Probability-weighted values of the n records of one width-W bucket, up to 4 records at a time (their
 /// codes unpacked side by side into st.codes, 4 d floats); on the SIMD paths with g % 4 == 0, two query heads
-/// per pass over those codes (axpy_rows2: a code vector loaded once for both heads; one head a pass loads each
-/// code vector g times: 80 vector loads per record at g = 4 against 48, for the same 64 FMAs).
+/// per pass over those codes (axpy_rows<NR, 2>: a code vector loaded once for both heads; one head a pass loads
+/// each code vector g times: 80 vector loads per record at g = 4 against 48, for the same 64 FMAs).
 template <class R, int W, class Token>
 void bucket_values(const std::byte* bk, std::size_t n, std::size_t rb, Token&& token, const Stream& st) noexcept {
   const int d = st.d, g = st.g, nout = R::quantizer::outliers(d);
@@ -349,42 +333,28 @@ void bucket_values(const std::byte* bk, std::size_t n, std::size_t rb, Token&& t
       v[k].init(r, d, nout, codes);
       t[k] = token(r, i + std::size_t(k));
     }
-    int h = 0;
-#if KVC_ISA_LEVEL_ >= 1
-    if (g % 4 == 0) {
-      for (; h < g; h += 2) {  // two heads per pass over the codes (their loads shared)
-        float ws[2][4];
-        for (int e = 0; e < 2; ++e) {
-          float z = 0.0f;
-          for (int k = 0; k < nr; ++k) {
-            const float w = st.s[t[k] * std::size_t(g) + std::size_t(h + e)];
-            ws[e][k] = w * v[k].a.scale;
-            z += w * v[k].a.zero;
-          }
-          st.zsum[h + e] += z;
+    // SIMD paths with g % 4 == 0: two heads per pass over the codes, and the outliers 4 heads a vector below
+    const bool vec4 = KVC_ISA_LEVEL_ >= 1 && g % 4 == 0;
+    const int hs = vec4 ? 2 : 1;
+    for (int h = 0; h < g; h += hs) {
+      float w[2][4], ws[2][4];
+      for (int e = 0; e < hs; ++e) {
+        float z = 0.0f;  // summed in a register, added to zsum once (not a chain through memory per record)
+        for (int k = 0; k < nr; ++k) {
+          w[e][k] = st.s[t[k] * std::size_t(g) + std::size_t(h + e)];
+          ws[e][k] = w[e][k] * v[k].a.scale;
+          z += w[e][k] * v[k].a.zero;
         }
-        with_count(nr, [&]<int NR>() {
-          axpy_rows2<NR>(ws[0], ws[1], st.codes, d, st.o + std::size_t(h) * d, st.o + std::size_t(h + 1) * d);
-        });
+        st.zsum[h + e] += z;
       }
-    }
-#endif
-    for (; h < g; ++h) {
-      float w[4], ws[4];
       float* oh = st.o + std::size_t(h) * d;
-      float z = 0.0f;  // summed in a register, added to zsum once (not a chain through memory per record)
-      for (int k = 0; k < nr; ++k) {
-        w[k] = st.s[t[k] * std::size_t(g) + std::size_t(h)];
-        ws[k] = w[k] * v[k].a.scale;
-        z += w[k] * v[k].a.zero;
-      }
-      st.zsum[h] += z;
-      with_count(nr, [&]<int NR>() { axpy_rows<NR>(ws, st.codes, d, oh); });
-#if KVC_ISA_LEVEL_ >= 1
-      if (g % 4 == 0) continue;  // outliers below, 4 heads a vector
-#endif
+      with_count(nr, [&]<int NR>() {
+        if (hs == 2) axpy_rows<NR, 2>(ws[0], st.codes, d, oh);
+        else axpy_rows<NR>(ws[0], st.codes, d, oh);
+      });
+      if (vec4) continue;
       for (int k = 0; k < nr; ++k)
-        for (int j = 0; j < nout; ++j) oh[v[k].idx[j]] += w[k] * v[k].corr[j];
+        for (int j = 0; j < nout; ++j) oh[v[k].idx[j]] += w[0][k] * v[k].corr[j];
     }
 #if KVC_ISA_LEVEL_ >= 1
     if (g % 4 == 0)  // st.ot[c][h] += p_t,h corr: the record's g probabilities are one line of st.s
