@@ -363,14 +363,16 @@ TEST(QaqRecord, PackedCodesReadBackAtEveryWidth) {
         for (std::size_t j = 0; j < idx.size(); ++j) idx[j] = std::uint8_t(j * 3), val[j] = kvc::half_t::from_float(float(j) - 0.5f);
         std::vector<std::byte> rec(R::bytes(d, b, id_bytes));
         const kvc::QuantMeta m{kvc::half_t::from_float(-1.0f), kvc::half_t::from_float(0.01f)};
-        R::write(rec.data(), d, b, id_bytes, m, c8.data(), 8, val.data(), idx.data(), 40000u);
+        const std::uint32_t id = id_bytes == 2 ? 40000u : 0xC0DE9C40u;  // every id byte nonzero, the top bit set
+        R::write(rec.data(), d, b, id_bytes, m, c8.data(), 8, val.data(), idx.data(), id);
         std::vector<float> un(static_cast<std::size_t>(d));
         R::unpack(rec.data(), d, b, un.data());
         for (int c = 0; c < d; ++c) {
           ASSERT_EQ(R::code_at(rec.data(), c, b), c8[std::size_t(c)] >> (8 - b)) << "d " << d << " b " << b;
           ASSERT_EQ(un[std::size_t(c)], float(c8[std::size_t(c)] >> (8 - b)));
         }
-        EXPECT_EQ(R::token(rec.data(), d, b, id_bytes), id_bytes == 2 ? 40000u % 65536u : 40000u);
+        EXPECT_EQ(R::token(rec.data(), d, b, id_bytes), id);
+        EXPECT_EQ(R::token(rec.data(), rec.size(), id_bytes), id);
         EXPECT_EQ(R::meta(rec.data()).step, m.step);
         for (std::size_t j = 0; j < idx.size(); ++j) {
           EXPECT_EQ(R::outlier_channels(rec.data(), d, b)[j], idx[j]);

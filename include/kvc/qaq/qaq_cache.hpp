@@ -251,7 +251,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       const std::vector<std::byte>& bk = sd.bucket[std::size_t(b - BMin)];
       std::uint32_t i = 0;
       for (std::size_t o = 0; o < bk.size(); o += rb, ++i)
-        f(bk.data() + o, b, kAdaptive ? record::token(bk.data() + o, d, b, id_bytes_) : i);
+        f(bk.data() + o, b, kAdaptive ? record::token(bk.data() + o, rb, id_bytes_) : i);
     }
   }
 
@@ -397,7 +397,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   /// after the push. Every token has exactly one value record.
   void push_and_decide_values(std::size_t st, const float* p, std::uint32_t n_full,
                               typename quantizer::StepLimits& limits, Staging& sg) {
-    const int d = cfg_.head_dim;
+    const int ids = id_bytes_;  // a local: the width stores (uint8_t) may alias members, which would be reloaded
     const std::size_t T = hist_[st].size();
     history* hist = hist_[st].data();
     sg.s_hat.resize(T);
@@ -408,10 +408,10 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     }
     sg.width.resize(T);
     std::uint8_t* w = sg.width.data();
-    each_bucket(values_[st], [&](int b, const std::byte* bk, std::size_t n, std::size_t rb) {
+    each_bucket(values_[st], [&](int, const std::byte* bk, std::size_t n, std::size_t rb) {
       for (std::size_t i = 0; i < n; ++i) {
         const std::byte* r = bk + i * rb;
-        const std::uint32_t t = record::token(r, d, b, id_bytes_);
+        const std::uint32_t t = record::token(r, rb, ids);
         *w++ = std::uint8_t(t < n_full ? limits.value(record::meta(r).step.bits, s_hat[t]) : BMax);
       }
     });
@@ -426,7 +426,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   /// caller records the limits and n_full in the memo once the keys have moved.
   void decide_keys(std::size_t st, std::uint32_t n_full, const typename quantizer::StepLimits& limits,
                    std::vector<std::uint8_t>& width) const {
-    const int d = cfg_.head_dim;
+    const int ids = id_bytes_;
     const Side& sd = keys_[st];
     const KeyMemo& memo = key_memo_[st];
     const bool same = memo.valid && memo.limits == limits.key_limits();
@@ -440,7 +440,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       }
       for (std::size_t i = 0; i < n; ++i) {
         const std::byte* r = bk + i * rb;
-        const std::uint32_t t = record::token(r, d, b, id_bytes_);
+        const std::uint32_t t = record::token(r, rb, ids);
         *w++ = std::uint8_t(t < first ? b : (t < n_full ? limits.key(record::meta(r).step.bits) : BMax));
       }
     });
@@ -468,7 +468,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       const std::uint8_t* wb = width;
       width += n;
       sg.stats.records[side] += n;
-      auto token = [&](std::size_t i) { return record::token(bk.data() + i * rb, d, b, id_bytes_); };
+      auto token = [&](std::size_t i) { return record::token(bk.data() + i * rb, rb, id_bytes_); };
       sg.raises.clear();
       std::array<std::size_t, kWidths> incoming{};  // movers into each width
       for (std::size_t i = 0; i < n; ++i) {

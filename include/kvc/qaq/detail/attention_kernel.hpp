@@ -469,7 +469,7 @@ bool run_stream(const Cache& cache, const typename Cache::Side& ks, const typena
       if (bk.empty()) continue;
       ::kvc::qaq::with_width<Q::kMinBits, Q::kMaxBits>(b, [&]<int W>() {
         auto token = [&](const std::byte* r, std::size_t i) -> std::size_t {
-          if constexpr (Cache::kAdaptive) return (void)i, R::token(r, d, W, ids);
+          if constexpr (Cache::kAdaptive) return (void)i, std::size_t(R::token(r, rb, ids));
           else return (void)r, i;
         };
         pass.template operator()<W>(bk.data(), bk.size() / rb, rb, token);
