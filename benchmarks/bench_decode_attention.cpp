@@ -20,6 +20,9 @@
 //                                        stream's update right after its attention), 0: decode_attention then
 //                                        update_widths, timed apart (attention_ms / update_ms);
 //                                        value_moved_pct: value records moved per step
+//   BM_QaqStepOverKivi2/T:<n>/rho:<r>    the speed target's ratio: per iteration one kivi2 attention and one QAQ
+//                                        step (rho as above, ~3 bits), each timed; ratio = QAQ / kivi2 (both under
+//                                        the same machine drift)
 // Counters: bytes_per_second = cache bytes one decode step reads (codes, scales, zeros, windows);
 // bits_per_element = stored bits per K/V element, everything counted.
 #include "bench_util.hpp"
@@ -314,6 +317,46 @@ void BM_QaqDecodeStep(benchmark::State& state) {
   state.counters["value_bits"] = cache->average_width(1);
 }
 
+/// The speed target's ratio with both sides under the same machine drift: per iteration one kivi2 decode attention
+/// and one QAQ decode step (qaq_decode_step at ~3 bits; range(1) = 1000 rho as BM_QaqDecodeStep), each after a
+/// cache flush and timed on its own. Counters: kivi2_ms, qaq_step_ms and ratio (their quotient over all
+/// iterations). Separate rows of one run drift apart on a shared VM (+-15 % seen between rows minutes apart);
+/// alternating at the 10 ms scale the ratio does not.
+void BM_QaqStepOverKivi2(benchmark::State& state) {
+  const int tokens = static_cast<int>(state.range(0));
+  const auto qs = qaq_queries(double(state.range(1)) / 1000.0, 64);
+  kvc::qaq::TokenProbs probs;
+  const auto qaq = build_qaq(tokens, qs, 3.0, probs);
+  const auto kivi = build_cache<kvc::schemes::Kivi2>(tokens);
+  const std::vector<float> qk = bench_query();
+  std::vector<float> out(qk.size());
+  const int heads = kKvHeads * kGqa;
+  auto view = [&](const std::vector<float>& q) { return kvc::QueryView::contiguous(q.data(), 1, heads, kHeadDim); };
+  const auto ov = kvc::OutputView::contiguous(out.data(), 1, heads, kHeadDim);
+  using clock = std::chrono::steady_clock;
+  double kivi_s = 0.0, qaq_s = 0.0;
+  std::size_t step = 0;
+  for (auto _ : state) {
+    kvc_bench::flush_caches();
+    const auto t0 = clock::now();
+    kvc::decode_attention(*kivi, 0, view(qk), ov);
+    const double k = std::chrono::duration<double>(clock::now() - t0).count();
+    benchmark::DoNotOptimize(out.data());
+    kvc_bench::flush_caches();
+    const auto t1 = clock::now();
+    kvc::qaq_decode_step(*qaq, 0, view(qs[step++ % qs.size()]), ov, {}, probs);
+    const double a = std::chrono::duration<double>(clock::now() - t1).count();
+    benchmark::DoNotOptimize(out.data());
+    kivi_s += k, qaq_s += a;
+    state.SetIterationTime(k + a);
+  }
+  state.SetLabel(kvc::isa_name(kvc::resolve_isa(kvc::Isa::kAuto)));
+  state.counters["kivi2_ms"] = 1e3 * kivi_s / double(state.iterations());
+  state.counters["qaq_step_ms"] = 1e3 * qaq_s / double(state.iterations());
+  state.counters["ratio"] = qaq_s / kivi_s;
+  state.counters["bits_per_element"] = qaq->bits_per_element();
+}
+
 template <class Cache>
 void register_append_decode(const char* name) {
   benchmark::RegisterBenchmark((std::string("BM_AppendDecode/") + name).c_str(), BM_AppendDecode<Cache>)
@@ -369,6 +412,9 @@ const int registered = [] {
       ->Args({4096, 995, 30, 1})->Args({32768, 995, 30, 1})->Args({32768, 0, 39, 1})->Args({32768, 995, 39, 1})
       ->Args({4096, 995, 30, 0})->Args({32768, 0, 30, 0})->Args({32768, 995, 30, 0})
       ->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("BM_QaqStepOverKivi2", BM_QaqStepOverKivi2)
+      ->ArgNames({"T", "rho"})->Args({4096, 995})->Args({32768, 995})
+      ->UseManualTime()->Unit(benchmark::kMillisecond);
   // Decode-time compression, block mode vs GEAR's literal mode (Algorithm 1) on the same policies.
   using namespace kvc::schemes;
   register_append_decode<GearKivi2>("gear_kivi2");
