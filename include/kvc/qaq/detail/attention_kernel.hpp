@@ -40,10 +40,36 @@ struct UnpackTables {
 };
 #endif
 
+#if KVC_ISA_LEVEL_ >= 1
+/// Groups of 8 width-W codes whose 8-byte load stays inside `readable` bytes from the codes' start.
+template <int W>
+constexpr int wide_groups(int d, std::size_t readable) noexcept {
+  return W == 8 ? d / 8 : (readable >= 8 ? std::min(d / 8, int((readable - 8) / W) + 1) : 0);
+}
+
+/// Group gi (channels 8 gi .. 8 gi + 7) of the width-W codes at p as 8 floats: one 8-byte load where the group
+/// is below `wide` (wide_groups), else R::group_word (a narrow copy through memory would stall store-to-load
+/// forwarding on the wide load that follows), then one pshufb and one variable shift.
+template <class R, int W>
+inline __m256 unpack_group(const std::uint8_t* p, int gi, int wide) noexcept {
+  if constexpr (W == 8) {
+    (void)wide;
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * gi))));
+  } else {
+    using T = UnpackTables<W>;
+    std::uint64_t v;
+    if (gi < wide) std::memcpy(&v, p + gi * W, 8);
+    else v = R::template group_word<W>(p + gi * W);
+    const __m256i x = _mm256_shuffle_epi8(_mm256_set1_epi64x(static_cast<long long>(v)),
+                                          _mm256_load_si256(reinterpret_cast<const __m256i*>(T::shuffle)));
+    const __m256i shift = _mm256_load_si256(reinterpret_cast<const __m256i*>(T::shift));
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(x, shift), _mm256_set1_epi32((1 << W) - 1)));
+  }
+}
+#endif
+
 /// The d (multiple of 8) width-W codes of record r as floats. `readable`: bytes that may be read from the
-/// record's codes on (the codes and what follows them in the record); the SIMD paths load groups with 8
-/// readable bytes as one 64-bit word (R::group_word assembles the others: a narrow copy through memory
-/// would stall store-to-load forwarding on the wide load that follows).
+/// record's codes on (the codes and what follows them in the record).
 template <class R, int W>
 inline void unpack(const std::byte* r, int d, std::size_t readable, float* __restrict out) noexcept {
 #if KVC_ISA_LEVEL_ == 0
@@ -51,31 +77,31 @@ inline void unpack(const std::byte* r, int d, std::size_t readable, float* __res
   R::template unpack<W>(r, d, out);
 #else
   const std::uint8_t* p = R::codes(r);
-  if constexpr (W == 8) {
-    (void)readable;
-    for (int c0 = 0; c0 < d; c0 += 8)
-      _mm256_storeu_ps(out + c0, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + c0)))));
-  } else {
-    using T = UnpackTables<W>;
-    const __m256i shuffle = _mm256_load_si256(reinterpret_cast<const __m256i*>(T::shuffle));
-    const __m256i shift = _mm256_load_si256(reinterpret_cast<const __m256i*>(T::shift));
-    const __m256i mask = _mm256_set1_epi32((1 << W) - 1);
-    // Groups whose 8-byte load stays inside the readable bytes.
-    const int wide = readable >= 8 ? std::min(d / 8, int((readable - 8) / W) + 1) : 0;
-    auto emit = [&](int c0, std::uint64_t v) {
-      const __m256i x = _mm256_shuffle_epi8(_mm256_set1_epi64x(static_cast<long long>(v)), shuffle);
-      _mm256_storeu_ps(out + c0, _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(x, shift), mask)));
-    };
-    int gi = 0;
-    for (; gi < wide; ++gi) {
-      std::uint64_t v;
-      std::memcpy(&v, p + gi * W, 8);
-      emit(8 * gi, v);
-    }
-    for (; gi < d / 8; ++gi) emit(8 * gi, R::template group_word<W>(p + gi * W));
-  }
+  const int wide = wide_groups<W>(d, readable);
+  for (int gi = 0; gi < d / 8; ++gi) _mm256_storeu_ps(out + 8 * gi, unpack_group<R, W>(p, gi, wide));
 #endif
 }
+
+#if KVC_ISA_LEVEL_ == 1
+/// o_h[0, d) += sum_k wv[4 h + k] x_k for 4 query heads h (o_h = o + h d) over NR <= 4 width-W records rec[k]
+/// (`wide` = wide_groups of their readable bytes), 8 channels at a time: each record's group unpacked straight
+/// into a register (no float copy of the codes through memory, loaded back per head), the weights broadcast
+/// vectors in memory (the FMAs' memory operand): 5 of AVX2's 16 registers beside the unpack's. Per output
+/// element the same FMAs in the same order as axpy_rows over the unpacked codes, so the same result bit for bit.
+template <class R, int W, int NR>
+inline void axpy_records(const std::byte* const* rec, int d, int wide, const __m256* wv, float* __restrict o) noexcept {
+  for (int gi = 0; gi < d / 8; ++gi) {
+    __m256 x[NR];
+    for (int k = 0; k < NR; ++k) x[k] = unpack_group<R, W>(R::codes(rec[k]), gi, wide);
+    for (int h = 0; h < 4; ++h) {
+      float* oh = o + std::size_t(h) * d + 8 * gi;
+      __m256 acc = _mm256_loadu_ps(oh);
+      for (int k = 0; k < NR; ++k) acc = _mm256_fmadd_ps(x[k], wv[4 * h + k], acc);
+      _mm256_storeu_ps(oh, acc);
+    }
+  }
+}
+#endif
 
 #if KVC_ISA_LEVEL_ >= 1
 /// Per width W < 8, per 16-bit lane i of a 128-bit lane (code i of an 8-code group): the two bytes whose word
@@ -215,12 +241,16 @@ struct Prepared {
   Prepared(const std::byte* r, int d, int nout, const float* codes) noexcept { init(r, d, nout, codes); }
   /// Fills this in place (assigning a constructed temporary copied it through a narrower store and a wider
   /// load: a store-forwarding stall per record).
+  /// `codes`: the record's codes unpacked, or null to read the outliers' codes from the record.
   void init(const std::byte* r, int d, int nout, const float* codes) noexcept {
     const QuantMeta m = R::meta(r);
     a = R::quantizer::affine(to_float(m.lo), to_float(m.step), W);
     const half_t* ov = R::outlier_values(r, d, W);
     idx = R::outlier_channels(r, d, W);
-    for (int j = 0; j < nout; ++j) corr[j] = to_float(ov[j]) - mul_add_rounded(a.scale, codes[idx[j]], a.zero);
+    for (int j = 0; j < nout; ++j) {
+      const float code = codes ? codes[idx[j]] : float(R::code_at(r, idx[j], W));
+      corr[j] = to_float(ov[j]) - mul_add_rounded(a.scale, code, a.zero);
+    }
   }
 };
 
@@ -312,13 +342,20 @@ void bucket_scores16(const std::byte* bk, std::size_t n, std::size_t rb, Token&&
 }
 #endif
 
-/// Probability-weighted values of the n records of one width-W bucket, up to 4 records at a time (their
-/// codes unpacked side by side into st.codes, 4 d floats); on the SIMD paths with g % 4 == 0, two query heads
-/// per pass over those codes (axpy_rows<NR, 2>: a code vector loaded once for both heads; one head a pass loads
-/// each code vector g times: 80 vector loads per record at g = 4 against 48, for the same 64 FMAs).
+/// Probability-weighted values of the n records of one width-W bucket, up to 4 records at a time.
+///  - AVX2 with g % 4 == 0: axpy_records, 4 query heads a pass, the codes unpacked straight into the FMAs'
+///    registers (against unpacking into st.codes and loading them back by axpy_rows<4, 2>: the values' pass
+///    2.11 -> 1.74-1.76 times the update's cpu-clock samples in the T = 32768 step, the step -8 %).
+///  - otherwise the codes unpacked side by side into st.codes (4 d floats), then on the SIMD paths with
+///    g % 4 == 0 two query heads per pass over them (axpy_rows<NR, 2>: a code vector loaded once for both heads;
+///    one head a pass loads each code vector g times: 80 vector loads per record at g = 4 against 48, for the
+///    same 64 FMAs); AVX-512 keeps this path (its 16-float FMAs; the direct one is unmeasured there).
+/// Both give the same result bit for bit (the same FMAs in the same order per output element).
 template <class R, int W, class Token>
 void bucket_values(const std::byte* bk, std::size_t n, std::size_t rb, Token&& token, const Stream& st) noexcept {
   const int d = st.d, g = st.g, nout = R::quantizer::outliers(d);
+  constexpr bool kDirectIsa = KVC_ISA_LEVEL_ == 1;
+  const bool direct = kDirectIsa && g % 4 == 0;
   // every FMA of a record waits for its probability: prefetched kScoreAhead records ahead
   for (std::size_t j = 0; j < std::min(kScoreAhead, n); ++j) prefetch_token_scores<R>(bk, j, n, rb, token, st);
   for (std::size_t i = 0; i < n; i += 4) {
@@ -326,20 +363,39 @@ void bucket_values(const std::byte* bk, std::size_t n, std::size_t rb, Token&& t
     for (int k = 0; k < nr; ++k) prefetch_token_scores<R>(bk, i + std::size_t(k) + kScoreAhead, n, rb, token, st);
     Prepared<R, W> v[4];
     std::size_t t[4];
+    const std::byte* rec[4];
     for (int k = 0; k < nr; ++k) {
-      const std::byte* r = bk + (i + std::size_t(k)) * rb;
-      float* codes = st.codes + std::size_t(k) * d;
-      unpack<R, W>(r, d, rb - 4, codes);
-      v[k].init(r, d, nout, codes);
-      t[k] = token(r, i + std::size_t(k));
+      rec[k] = bk + (i + std::size_t(k)) * rb;
+      float* codes = direct ? nullptr : st.codes + std::size_t(k) * d;
+      if (!direct) unpack<R, W>(rec[k], d, rb - 4, codes);
+      v[k].init(rec[k], d, nout, codes);
+      t[k] = token(rec[k], i + std::size_t(k));
     }
+#if KVC_ISA_LEVEL_ == 1
+    if (direct) {
+      const int wide = wide_groups<W>(d, rb - 4);
+      alignas(32) __m256 wv[16];  // [head][record]: p_t,h scale_t broadcast
+      for (int h0 = 0; h0 < g; h0 += 4) {
+        for (int h = 0; h < 4; ++h) {
+          float z = 0.0f;  // summed in a register, added to zsum once (not a chain through memory per record)
+          for (int k = 0; k < nr; ++k) {
+            const float w = st.s[t[k] * std::size_t(g) + std::size_t(h0 + h)];
+            wv[4 * h + k] = _mm256_set1_ps(w * v[k].a.scale);
+            z += w * v[k].a.zero;
+          }
+          st.zsum[h0 + h] += z;
+        }
+        with_count(nr, [&]<int NR>() { axpy_records<R, W, NR>(rec, d, wide, wv, st.o + std::size_t(h0) * d); });
+      }
+    }
+#endif
     // SIMD paths with g % 4 == 0: two heads per pass over the codes, and the outliers 4 heads a vector below
     const bool vec4 = KVC_ISA_LEVEL_ >= 1 && g % 4 == 0;
     const int hs = vec4 ? 2 : 1;
-    for (int h = 0; h < g; h += hs) {
+    for (int h = 0; h < g && !direct; h += hs) {
       float w[2][4], ws[2][4];
       for (int e = 0; e < hs; ++e) {
-        float z = 0.0f;  // summed in a register, added to zsum once (not a chain through memory per record)
+        float z = 0.0f;
         for (int k = 0; k < nr; ++k) {
           w[e][k] = st.s[t[k] * std::size_t(g) + std::size_t(h + e)];
           ws[e][k] = w[e][k] * v[k].a.scale;
