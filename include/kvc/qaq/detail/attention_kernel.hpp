@@ -4,9 +4,10 @@
 /// defined the path's simd:: layer in the same namespace; no include guard by design.
 ///
 /// One (sequence, KV head) stream, width by width (the record layout is fixed per bucket, so the width is a
-/// template parameter): each record's d codes are unpacked once (AVX2: into floats by one pshufb + one
-/// variable shift per 8 codes; for the int16 key products into 16-bit lanes by one pshufb + mulhi per 16) and
-/// used by every query head of the GQA group.
+/// template parameter): each record's d codes are unpacked (AVX2: into floats by one pshufb + one variable
+/// shift per 8 codes; for the int16 key products into 16-bit lanes by one pshufb + mulhi per 16) once per pass
+/// of query heads: keys once for the whole GQA group, values once for all heads into a scratch, or, on AVX2
+/// (g % 4 == 0), straight into the FMAs' registers once per 4 heads (bucket_values).
 ///   scores:  s_t = zero_t sum_c q_c + scale_t (q . code_t) + sum_outliers q_c (x_c - x^_c)   (log2 domain;
 ///            Precision::kFast on AVX2/AVX-512: q . code_t = qscale (qi . code_t) in exact int32, qi the
 ///            query rounded to int16 per head)
