@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -172,6 +173,33 @@ TEST(QaqHistory, ProbabilityCodesRoundTowardLargerProbabilities) {
   }
 }
 
+#if KVC_QAQ_SSE2_
+// encode4 (4 probabilities at a time, SSE2) gives encode's code for every float: a strided sweep over all bit
+// patterns (signs, NaNs, infinities, subnormals included), the special values, and every code's threshold.
+TEST(QaqHistory, FourAtATimeEncodingEqualsEncode) {
+  using kvc::qaq::ProbCode;
+  std::vector<float> x;
+  for (std::uint64_t u = 0; u <= 0xffffffffu; u += 4093) x.push_back(std::bit_cast<float>(std::uint32_t(u)));
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float v : {0.0f, -0.0f, 1.0f, -1.0f, 2.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(),
+                  -std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min(),
+                  std::numeric_limits<float>::min(), std::nextafter(1.0f, 0.0f), std::exp2(-31.75f),
+                  std::nextafter(std::exp2(-31.75f), 0.0f), std::nextafter(std::exp2(-31.75f), 1.0f)})
+    x.push_back(v);
+  for (int c = 0; c < 255; ++c) {
+    const float p = ProbCode::decode(std::uint8_t(c));
+    x.insert(x.end(), {p, std::nextafter(p, 0.0f), std::nextafter(p, 1.0f)});
+  }
+  while (x.size() % 4 != 0) x.push_back(0.5f);
+  for (std::size_t i = 0; i < x.size(); i += 4) {
+    std::uint8_t c[4];
+    ProbCode::encode4(x.data() + i, c);
+    for (std::size_t k = 0; k < 4; ++k)
+      ASSERT_EQ(c[k], ProbCode::encode(x[i + k])) << "bits 0x" << std::hex << std::bit_cast<std::uint32_t>(x[i + k]);
+  }
+}
+#endif
+
 // ceil(log2(ratio)) clamped: exact at and next to powers of two, and at the extremes.
 TEST(QaqWidth, WidthForRatioIsTheClampedCeilLog2) {
   using kvc::qaq::width_for_ratio;
@@ -211,6 +239,29 @@ TEST(QaqHistory, MaxOfTheLastNObservations) {
   h.push(0.0f);
   h.push(0.0f);
   EXPECT_EQ(h.s_hat(), 0.0f);  // n consecutive zeros: S^ = 0
+}
+
+// The update's scan for the records whose width changes: every index with w[i] != b, in order, whatever the
+// length (vector blocks of 16 and the scalar tail) and however many differ.
+TEST(QaqCache, WidthScanVisitsExactlyTheChangedRecordsInOrder) {
+  std::mt19937 rng(11);
+  for (std::size_t n : {0u, 1u, 15u, 16u, 17u, 31u, 32u, 33u, 100u, 1000u})
+    for (double share : {0.0, 0.03, 0.5, 1.0}) {
+      std::bernoulli_distribution moves(share);
+      std::uniform_int_distribution<int> other(1, 7);
+      const std::uint8_t b = 5;
+      std::vector<std::uint8_t> w(n + 16, b);  // a tail beyond n that differs must not be visited
+      std::vector<std::size_t> want, got;
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        if (i >= n || moves(rng)) {
+          const int o = other(rng);  // widths 1..4 and 6..8
+          w[i] = std::uint8_t(o <= 4 ? b - o : b + o - 4);
+        }
+        if (i < n && w[i] != b) want.push_back(i);
+      }
+      kvc::qaq::detail::for_each_differing(w.data(), n, b, [&](std::size_t i) { got.push_back(i); });
+      EXPECT_EQ(got, want) << "n " << n << " share " << share;
+    }
 }
 
 TEST(QaqCalibrateTarget, FindsTheCheapestTargetForTheRequestedBits) {

@@ -23,6 +23,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__SSE2__) && !defined(__CUDA_ARCH__)  // host x86-64: 8 compares as one vector compare
 #  include <emmintrin.h>
@@ -175,6 +176,23 @@ struct ProbCode {
     const int c = -kStepsPerBinade * e - j;
     return c >= int(kZero) ? kZero : static_cast<std::uint8_t>(c);
   }
+#if KVC_QAQ_SSE2_
+  /// encode() of the 4 probabilities p[0, 4) into out[0, 4) (host, SSE2): the same codes for every float.
+  static void encode4(const float* p, std::uint8_t* out) noexcept {
+    constexpr auto mant = [](int k) { return int(std::bit_cast<std::uint32_t>(threshold(k)) & 0x7fffffu); };
+    const __m128 x = _mm_loadu_ps(p);
+    const __m128i u = _mm_castps_si128(x), m = _mm_and_si128(u, _mm_set1_epi32(0x7fffff));
+    // -8 e - j = 8 (127 - biased exponent) - j, j = #{k : m > mant(k)} (a true compare adds -1)
+    __m128i c = _mm_slli_epi32(_mm_sub_epi32(_mm_set1_epi32(127), _mm_srli_epi32(u, 23)), 3);
+    for (int k = 0; k < kStepsPerBinade; ++k) c = _mm_add_epi32(c, _mm_cmpgt_epi32(m, _mm_set1_epi32(mant(k))));
+    c = _mm_and_si128(c, _mm_castps_si128(_mm_cmplt_ps(x, _mm_set1_ps(1.0f))));  // p >= 1: 0
+    const __m128i zero = _mm_or_si128(_mm_castps_si128(_mm_cmpnlt_ps(_mm_setzero_ps(), x)),  // !(p > 0), NaN too
+                                      _mm_cmpgt_epi32(c, _mm_set1_epi32(int(kZero) - 1)));   // below 2^-31.75
+    c = _mm_or_si128(_mm_andnot_si128(zero, c), _mm_and_si128(zero, _mm_set1_epi32(kZero)));
+    const int v = _mm_cvtsi128_si32(_mm_packus_epi16(_mm_packs_epi32(c, c), c));
+    std::memcpy(out, &v, 4);
+  }
+#endif
   KVC_HOST_DEVICE static float decode(std::uint8_t c) noexcept {
     return c == kZero ? 0.0f : std::exp2(-float(c) / float(kStepsPerBinade));
   }
@@ -209,9 +227,11 @@ struct AttentionHistory {
     seen = 0;
   }
   /// Records probability p (the newest observation replaces the oldest).
-  KVC_HOST_DEVICE void push(float p) noexcept {
+  KVC_HOST_DEVICE void push(float p) noexcept { push_code(ProbCode::encode(p)); }
+  /// Records a probability already encoded (ProbCode::encode or encode4).
+  KVC_HOST_DEVICE void push_code(std::uint8_t c) noexcept {
     for (int i = N - 1; i > 0; --i) code[i] = code[i - 1];
-    code[0] = ProbCode::encode(p);
+    code[0] = c;
     if (seen < N) ++seen;
   }
   KVC_HOST_DEVICE bool full() const noexcept { return seen >= N; }

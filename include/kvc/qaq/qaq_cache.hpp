@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -71,6 +72,22 @@ struct UpdateStats {
   }
 };
 namespace detail {
+/// Calls f(i) for every i in [0, n) with w[i] != b, in increasing order: 16 widths compared at a time (SSE2),
+/// as most records keep theirs (about 7 % of the value records move per step on SmolLM2 at 3.9 bits).
+template <class F>
+inline void for_each_differing(const std::uint8_t* w, std::size_t n, std::uint8_t b, F&& f) {
+  std::size_t i = 0;
+#if KVC_QAQ_SSE2_
+  const __m128i vb = _mm_set1_epi8(static_cast<char>(b));
+  for (; i + 16 <= n; i += 16) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i));
+    for (unsigned m = ~unsigned(_mm_movemask_epi8(_mm_cmpeq_epi8(x, vb))) & 0xffffu; m != 0; m &= m - 1)
+      f(i + std::size_t(std::countr_zero(m)));
+  }
+#endif
+  for (; i < n; ++i)
+    if (w[i] != b) f(i);
+}
 struct FusedStep;  // qaq/decode_attention.hpp: qaq_decode_step's access to the per-stream update
 }  // namespace detail
 }  // namespace qaq
@@ -307,7 +324,8 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     std::vector<std::uint8_t> width;     // new width of every record of the side being updated (decide_keys and
                                          // push_and_decide_values)
     std::vector<std::uint8_t> s_hat;     // per token: the S^ code after this step's push (push_and_decide_values)
-    std::vector<std::uint32_t> raises;   // indices of its records being raised
+    std::vector<std::uint32_t> movers;   // indices of the records of the bucket being rebucketed that move (rebucket)
+    std::vector<std::uint32_t> raises;   // those of them being raised
     qaq::UpdateStats stats;              // this thread's share of update_stats()
   };
   [[nodiscard]] std::size_t stream(int layer, int seq, int head) const noexcept {
@@ -402,7 +420,17 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     history* hist = hist_[st].data();
     sg.s_hat.resize(T);
     std::uint8_t* s_hat = sg.s_hat.data();
-    for (std::size_t t = 0; t < T; ++t) {
+    std::size_t t = 0;
+#if KVC_QAQ_SSE2_
+    for (alignas(16) std::uint8_t c[16]; t + 16 <= T; t += 16) {  // the codes 4 at a time, then the rings
+      for (int k = 0; k < 16; k += 4) qaq::ProbCode::encode4(p + t + k, c + k);
+      for (std::size_t k = 0; k < 16; ++k) {
+        hist[t + k].push_code(c[k]);
+        s_hat[t + k] = hist[t + k].s_hat_code();
+      }
+    }
+#endif
+    for (; t < T; ++t) {
       hist[t].push(p[t]);
       s_hat[t] = hist[t].s_hat_code();
     }
@@ -411,8 +439,8 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     each_bucket(values_[st], [&](int, const std::byte* bk, std::size_t n, std::size_t rb) {
       for (std::size_t i = 0; i < n; ++i) {
         const std::byte* r = bk + i * rb;
-        const std::uint32_t t = record::token(r, rb, ids);
-        *w++ = std::uint8_t(t < n_full ? limits.value(record::meta(r).step.bits, s_hat[t]) : BMax);
+        const std::uint32_t tok = record::token(r, rb, ids);
+        *w++ = std::uint8_t(tok < n_full ? limits.value(record::meta(r).step.bits, s_hat[tok]) : BMax);
       }
     });
   }
@@ -469,13 +497,15 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
       width += n;
       sg.stats.records[side] += n;
       auto token = [&](std::size_t i) { return record::token(bk.data() + i * rb, rb, id_bytes_); };
+      sg.movers.clear();
       sg.raises.clear();
       std::array<std::size_t, kWidths> incoming{};  // movers into each width
-      for (std::size_t i = 0; i < n; ++i) {
+      qaq::detail::for_each_differing(wb, n, std::uint8_t(b), [&](std::size_t i) {
+        sg.movers.push_back(std::uint32_t(i));
         ++incoming[std::size_t(wb[i] - BMin)];
         if (wb[i] > b) sg.raises.push_back(std::uint32_t(i));
-      }
-      const std::size_t movers = n - incoming[std::size_t(b - BMin)];
+      });
+      const std::size_t movers = sg.movers.size();
       if (movers == 0) continue;
       // the movers' slots in the staged buckets, sized once (not one resize, and its zero fill, per record)
       std::array<std::byte*, kWidths> out{};
@@ -494,9 +524,9 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
         keep += end - run;
       };
       qaq::with_width<BMin, BMax>(b, [&]<int B>() {  // both widths constants in lower / raise (inlined)
-        for (std::size_t i = 0; i < n; ++i) {
+        for (const std::uint32_t mover : sg.movers) {
+          const std::size_t i = mover;
           const int nb = wb[i];
-          if (nb == B) continue;
           const std::byte* r = bk.data() + i * rb;
           flush_run(i * rb);
           run = (i + 1) * rb;
