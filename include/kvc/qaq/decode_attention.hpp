@@ -15,8 +15,12 @@
 ///    products (vpmaddwd, exact int32 sums) with the query rounded to int16 per head, qscale_h = max_c |q_hc| /
 ///    32767. The score error this adds is <= qscale_h / 2 * scale_t * sum_c code_tc, i.e. per channel at most
 ///    2^-16 max|q_h| (2^b - 1) step_t: next to the codes' own error bound sum_c |q_hc| step_t / 2, a ratio
-///    <= 2^(b - 15) max|q_h| / mean|q_h| (b = 8, a max/mean of 10: 0.08; at b <= 4, < 0.005). Values, the
-///    zero terms and the outliers stay float.
+///    <= 2^(b - 15) max|q_h| / mean|q_h| (b = 8, a max/mean of 10: 0.08; at b <= 4, < 0.005). With g % 4 == 0
+///    the value products are int16 too: per block of 16 records and query head, the weights w_t = p_t scale_t
+///    rounded against the block's largest (ws = max_t w_t / 32767, |w_t - ws wi_t| <= ws / 2), exact int32
+///    sums; the output error this adds per channel is <= 16 (2^b - 1) ws / 2 per block, at most
+///    16 (2^b - 1) / 32767 of the block's largest quantisation-error bound w_t / 2 (b = 8: 0.125; b <= 4:
+///    < 0.0074). The zero terms, the outliers and the probabilities handed back stay float.
 ///  - kExact, and the portable path: float FMAs over the decoded codes.
 /// Scratch: group x (T + 6 + 2 d) + 4 d floats and group x d int16 per thread. Parallel over (sequence, KV
 /// head) with OpenMP. qaq_decode_step runs each stream's width update inside the same loop, right after its

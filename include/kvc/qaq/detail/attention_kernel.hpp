@@ -7,19 +7,22 @@
 /// template parameter): each record's d codes are unpacked (AVX2: into floats by one pshufb + one variable
 /// shift per 8 codes; for the int16 key products into 16-bit lanes by one pshufb + mulhi per 16) once per pass
 /// of query heads: keys once for the whole GQA group, values once for all heads into a scratch, or, on AVX2
-/// (g % 4 == 0), straight into the FMAs' registers once per 4 heads (bucket_values).
+/// (g % 4 == 0), straight into the FMAs' registers once per 4 heads (bucket_values); with Precision::kFast and
+/// g % 4 == 0 (AVX2, AVX-512) into 16-bit lanes once per 4 heads for int16 products (bucket_values16).
 ///   scores:  s_t = zero_t sum_c q_c + scale_t (q . code_t) + sum_outliers q_c (x_c - x^_c)   (log2 domain;
 ///            Precision::kFast on AVX2/AVX-512: q . code_t = qscale (qi . code_t) in exact int32, qi the
 ///            query rounded to int16 per head)
 ///   softmax: per query head over the token-major [T][g] scores, vectorised exp2; after the value pass, the
 ///            group's largest probability per token (SPEC Q6) in one forward pass over them (token_max)
 ///   values:  o += (p_t scale_t) code_t, plus p_t zero_t summed apart and added to every channel at the end,
-///            plus p_t (x_c - x^_c) per outlier.
+///            plus p_t (x_c - x^_c) per outlier (kFast, g % 4 == 0: p_t scale_t rounded to int16 per block of
+///            16 records, the products in exact int32 sums)
 /// Per-record epilogues on the SIMD paths, 4 query heads a vector (g % 4 == 0): the scores' affine and outlier
 /// terms (the outlier channel's q for 4 heads is one load of the transposed query st.qt) and the values' outlier
 /// terms (accumulated channel-major in st.ot, from the token's 4 probabilities: one load of its st.s line).
 /// kExact: float arithmetic; results differ from the portable path only in summation order and exp2's < 2e-7
-/// relative error. kFast adds the int16 rounding of the query (bound in qaq/decode_attention.hpp).
+/// relative error. kFast adds the int16 rounding of the query and of the value weights (bounds in
+/// qaq/decode_attention.hpp).
 #if !defined(KVC_ATTENTION_INTERNAL) || !defined(KVC_ISA_LEVEL_) || !defined(KVC_ISA_NS)
 #  error "kvc/qaq/detail/attention_kernel.hpp is private: include <kvc/qaq/decode_attention.hpp>"
 #endif
@@ -121,35 +124,52 @@ struct Unpack16Tables {
   alignas(16) static constexpr std::int8_t shuffle[16] = {byte(0), byte(1), byte(2),  byte(3),  byte(4),  byte(5),
                                                           byte(6), byte(7), byte(8),  byte(9),  byte(10), byte(11),
                                                           byte(12), byte(13), byte(14), byte(15)};
+  /// The same for 16 codes from one 16-byte load broadcast to both lanes: the high lane's group starts W bytes on.
+  static constexpr std::int8_t byte2(int k) noexcept {
+    return k < 16 || byte(k - 16) < 0 ? byte(k % 16) : std::int8_t(byte(k - 16) + W);
+  }
+  alignas(32) static constexpr std::int8_t shuffle2[32] = {
+      byte2(0),  byte2(1),  byte2(2),  byte2(3),  byte2(4),  byte2(5),  byte2(6),  byte2(7),  byte2(8),  byte2(9),  byte2(10),
+      byte2(11), byte2(12), byte2(13), byte2(14), byte2(15), byte2(16), byte2(17), byte2(18), byte2(19), byte2(20), byte2(21),
+      byte2(22), byte2(23), byte2(24), byte2(25), byte2(26), byte2(27), byte2(28), byte2(29), byte2(30), byte2(31)};
   alignas(16) static constexpr std::uint16_t multiplier[8] = {mul(0), mul(1), mul(2), mul(3),
                                                               mul(4), mul(5), mul(6), mul(7)};
 };
 
-/// The d (multiple of 16) width-W codes of record r as 16-bit integers, 16 per vector (groups 2j and 2j + 1 in
-/// the two 128-bit lanes): per 16 codes one pshufb, one mulhi and one and. `readable` as for unpack().
+/// Codes 16 j .. 16 j + 15 of the width-W codes at p as 16-bit integers (groups 2j and 2j + 1 in the two 128-bit
+/// lanes): one 16-byte load broadcast to both lanes, one pshufb, one mulhi and one and (two 8-byte words where
+/// fewer than 16 bytes are readable). `readable`: bytes that may be read from p on.
 template <class R, int W>
-inline void unpack16(const std::byte* r, int d, std::size_t readable, __m256i* out) noexcept {
-  const std::uint8_t* p = R::codes(r);
+inline __m256i unpack16_slice(const std::uint8_t* p, int j, std::size_t readable) noexcept {
   if constexpr (W == 8) {
     (void)readable;
-    for (int j = 0; j < d / 16; ++j)
-      out[j] = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * j)));
+    return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * j)));
   } else {
     using T = Unpack16Tables<W>;
-    const __m256i shuffle = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(T::shuffle)));
     const __m256i mul = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(T::multiplier)));
-    const __m256i mask = _mm256_set1_epi16((1 << W) - 1);
-    auto word = [&](int gi) {  // group gi's 8 codes: one 8-byte load where 8 bytes are readable
-      std::uint64_t v;
-      if (std::size_t(gi) * W + 8 <= readable) std::memcpy(&v, p + gi * W, 8);
-      else v = R::template group_word<W>(p + gi * W);
-      return static_cast<long long>(v);
-    };
-    for (int j = 0; j < d / 16; ++j) {
-      const __m256i x = _mm256_set_epi64x(0, word(2 * j + 1), 0, word(2 * j));
-      out[j] = _mm256_and_si256(_mm256_mulhi_epu16(_mm256_shuffle_epi8(x, shuffle), mul), mask);
+    __m256i x;
+    if (std::size_t(2 * j * W) + 16 <= readable) {
+      x = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * j * W))),
+                              _mm256_load_si256(reinterpret_cast<const __m256i*>(T::shuffle2)));
+    } else {
+      auto word = [&](int gi) {  // group gi's 8 codes: one 8-byte load where 8 bytes are readable
+        std::uint64_t v;
+        if (std::size_t(gi) * W + 8 <= readable) std::memcpy(&v, p + gi * W, 8);
+        else v = R::template group_word<W>(p + gi * W);
+        return static_cast<long long>(v);
+      };
+      x = _mm256_shuffle_epi8(_mm256_set_epi64x(0, word(2 * j + 1), 0, word(2 * j)),
+                              _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(T::shuffle))));
     }
+    return _mm256_and_si256(_mm256_mulhi_epu16(x, mul), _mm256_set1_epi16((1 << W) - 1));
   }
+}
+
+/// The d (multiple of 16) width-W codes of record r as 16-bit integers, 16 per vector (unpack16_slice).
+/// `readable` as for unpack().
+template <class R, int W>
+inline void unpack16(const std::byte* r, int d, std::size_t readable, __m256i* out) noexcept {
+  for (int j = 0; j < d / 16; ++j) out[j] = unpack16_slice<R, W>(R::codes(r), j, readable);
 }
 
 /// res[h] = qi_h . codes (int32) for NH <= 4 heads of 16-bit query qi (row stride d): one vpmaddwd per 16
@@ -307,7 +327,9 @@ void bucket_scores16(const std::byte* bk, std::size_t n, std::size_t rb, Token&&
   for (std::size_t i = 0; i < n; ++i) {
     prefetch_token_scores<R>(bk, i + kScoreAhead, n, rb, token, st);
     const std::byte* r = bk + i * rb;
-    unpack16<R, W>(r, d, rb - 4, codes);
+    // 16-byte loads may run into the bucket's next records: checked only in its last record
+    if (i + 1 < n) unpack16<R, W>(r, d, std::numeric_limits<std::size_t>::max(), codes);
+    else unpack16<R, W>(r, d, rb - 4, codes);
     const QuantMeta m = R::meta(r);
     const Affine a = R::quantizer::affine(to_float(m.lo), to_float(m.step), W);
     const half_t* ov = R::outlier_values(r, d, W);
@@ -427,6 +449,105 @@ void bucket_values(const std::byte* bk, std::size_t n, std::size_t rb, Token&& t
   }
 }
 
+#if KVC_ISA_LEVEL_ >= 1
+/// bucket_values with the code products in 16-bit integers (Precision::kFast, g % 4 == 0; 256-bit vectors on
+/// AVX2 and AVX-512), kBlock records at a time. Per block and query head the weights w_t = p_t scale_t are rounded to int16 against the block's
+/// largest, w_t ~ ws wi_t with ws = max_t w_t / 32767, so |w_t - ws wi_t| <= ws / 2. Two records' codes are
+/// interleaved into one vector of 16-bit lanes (channel c of records a and b side by side), so one vpmaddwd
+/// takes 8 channels of two records against the pair (wi_a, wi_b), with exact int32 sums over the block
+/// (<= kBlock 255 * 32767 < 2^31); o += ws * sum once per block. The added error per channel and head is at most
+/// kBlock ws / 2 (2^b - 1) per block, at most kBlock (2^b - 1) / 32767 times the block's largest
+/// quantisation-error bound w_t / 2 (b = 8: 0.125; b <= 4: <= 0.0074), in practice far less (roundings of
+/// random sign). Zero terms, outliers and the probabilities handed back stay float. Against the float FMAs of
+/// bucket_values: per 16 channels and two records, 2 unpacks, 2 interleaves and 8 products for 4 heads instead
+/// of 4 unpacks to float and 16 FMAs.
+template <class R, int W, class Token>
+void bucket_values16(const std::byte* bk, std::size_t n, std::size_t rb, Token&& token, const Stream& st) noexcept {
+  constexpr int kBlock = 16, kPairs = kBlock / 2;
+  const int d = st.d, g = st.g, nout = R::quantizer::outliers(d);
+  for (std::size_t j = 0; j < std::min(kScoreAhead, n); ++j) prefetch_token_scores<R>(bk, j, n, rb, token, st);
+  for (std::size_t i = 0; i < n; i += kBlock) {
+    const int nb = int(std::min<std::size_t>(kBlock, n - i)), np = (nb + 1) / 2;
+    Prepared<R, W> v[kBlock];
+    std::size_t t[kBlock];
+    const std::uint8_t* codes[kBlock + 1];
+    for (int k = 0; k < nb; ++k) {
+      prefetch_token_scores<R>(bk, i + std::size_t(k) + kScoreAhead, n, rb, token, st);
+      const std::byte* r = bk + (i + std::size_t(k)) * rb;
+      codes[k] = R::codes(r);
+      v[k].init(r, d, nout, nullptr);
+      t[k] = token(r, i + std::size_t(k));
+    }
+    codes[nb] = codes[nb - 1];  // an odd block's last pair: weight 0
+    // Loads of 16 code bytes may run into the bucket's next records: checked only in its last block.
+    const std::size_t last = (n - i - std::size_t(nb - 1)) * rb - 4;  // readable from the block's last codes
+    const bool checked = i + std::size_t(nb) == n;
+    for (int h0 = 0; h0 < g; h0 += 4) {
+      // the block's weights for 4 heads: one vector per record, its heads in the lanes
+      __m128 w[kBlock], wmax = _mm_setzero_ps(), z = _mm_setzero_ps();
+      for (int k = 0; k < nb; ++k) {
+        const __m128 p = _mm_loadu_ps(st.s + t[k] * std::size_t(g) + std::size_t(h0));
+        w[k] = _mm_mul_ps(p, _mm_set1_ps(v[k].a.scale));
+        z = _mm_fmadd_ps(p, _mm_set1_ps(v[k].a.zero), z);
+        wmax = _mm_max_ps(wmax, w[k]);
+      }
+      _mm_storeu_ps(st.zsum + h0, _mm_add_ps(_mm_loadu_ps(st.zsum + h0), z));
+      const __m128 positive = _mm_cmpgt_ps(wmax, _mm_setzero_ps());
+      const __m128 inv = _mm_and_ps(_mm_div_ps(_mm_set1_ps(32767.0f), wmax), positive);  // 0 where all are 0
+      const __m128 ws = _mm_div_ps(wmax, _mm_set1_ps(32767.0f));
+      alignas(32) __m256i wp[kPairs][4];  // [pair][head]: (wi_a, wi_b) broadcast, the products' memory operand
+      for (int m = 0; m < np; ++m) {
+        const __m128i a = _mm_cvtps_epi32(_mm_mul_ps(w[2 * m], inv));
+        const __m128i b = 2 * m + 1 < nb ? _mm_cvtps_epi32(_mm_mul_ps(w[2 * m + 1], inv)) : _mm_setzero_si128();
+        const __m128i ab = _mm_or_si128(a, _mm_slli_epi32(b, 16));
+        wp[m][0] = _mm256_broadcastd_epi32(ab);
+        wp[m][1] = _mm256_broadcastd_epi32(_mm_shuffle_epi32(ab, 1));
+        wp[m][2] = _mm256_broadcastd_epi32(_mm_shuffle_epi32(ab, 2));
+        wp[m][3] = _mm256_broadcastd_epi32(_mm_shuffle_epi32(ab, 3));
+      }
+      alignas(16) float wsh[4];
+      _mm_store_ps(wsh, ws);
+      for (int j = 0; j < d / 16; ++j) {
+        __m256i acc[4][2];
+        for (auto& a : acc) a[0] = a[1] = _mm256_setzero_si256();
+        auto pairs = [&]<bool kChecked>() {
+          for (int m = 0; m < np; ++m) {
+            const int ka = 2 * m, kb = 2 * m + 1;
+            constexpr std::size_t kAll = std::numeric_limits<std::size_t>::max();
+            const __m256i xa = unpack16_slice<R, W>(codes[ka], j, !kChecked ? kAll : ka == nb - 1 ? last : last + rb);
+            const __m256i xb = unpack16_slice<R, W>(codes[kb], j, !kChecked ? kAll : kb >= nb - 1 ? last : last + rb);
+            const __m256i lo = _mm256_unpacklo_epi16(xa, xb), hi = _mm256_unpackhi_epi16(xa, xb);
+            for (int h = 0; h < 4; ++h) {
+              acc[h][0] = _mm256_add_epi32(acc[h][0], _mm256_madd_epi16(lo, wp[m][h]));
+              acc[h][1] = _mm256_add_epi32(acc[h][1], _mm256_madd_epi16(hi, wp[m][h]));
+            }
+          }
+        };
+        if (checked) pairs.template operator()<true>();
+        else pairs.template operator()<false>();
+        // lanes of acc[h][0]: channels 0-3 | 8-11 of the slice, acc[h][1]: 4-7 | 12-15
+        for (int h = 0; h < 4; ++h) {
+          float* o = st.o + std::size_t(h0 + h) * d + 16 * j;
+          const __m256 f = _mm256_set1_ps(wsh[h]);
+          _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_permute2x128_si256(acc[h][0], acc[h][1], 0x20)), f,
+                                              _mm256_loadu_ps(o)));
+          _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_permute2x128_si256(acc[h][0], acc[h][1], 0x31)),
+                                                  f, _mm256_loadu_ps(o + 8)));
+        }
+      }
+    }
+    for (int k = 0; k < nb; ++k)  // st.ot[c][h] += p_t,h corr: the record's g probabilities are one line of st.s
+      for (int h0 = 0; h0 < g; h0 += 4) {
+        const __m128 w4 = _mm_loadu_ps(st.s + t[k] * std::size_t(g) + std::size_t(h0));
+        for (int j = 0; j < nout; ++j) {
+          float* ot = st.ot + std::size_t(v[k].idx[j]) * g + std::size_t(h0);
+          _mm_storeu_ps(ot, _mm_fmadd_ps(w4, _mm_set1_ps(v[k].corr[j]), _mm_loadu_ps(ot)));
+        }
+      }
+  }
+}
+#endif
+
 /// Softmax of each query head's T scores (log2 domain) in place, over the token-major [T][g] array: element i
 /// belongs to head i % g. Vectors run over the flat array with P = g / gcd(g, N) lane patterns (P vectors cover
 /// whole tokens), so every lane of pattern v always holds the same head. Returns false if a max or a sum is not
@@ -544,6 +665,9 @@ bool run_stream(const Cache& cache, const typename Cache::Side& ks, const typena
   std::fill_n(st.ot, std::size_t(st.g) * d, 0.0f);
   std::fill_n(st.zsum, st.g, 0.0f);
   each_bucket(vs, [&]<int W>(const std::byte* bk, std::size_t n, std::size_t rb, auto&& token) {
+#if KVC_ISA_LEVEL_ >= 1
+    if (st.qi && st.g % 4 == 0) return bucket_values16<R, W>(bk, n, rb, token, st);  // kFast
+#endif
     bucket_values<R, W>(bk, n, rb, token, st);
   });
   if (pr) token_max(st, pr);
