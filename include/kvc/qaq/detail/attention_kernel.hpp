@@ -129,9 +129,10 @@ struct Unpack16Tables {
     return k < 16 || byte(k - 16) < 0 ? byte(k % 16) : std::int8_t(byte(k - 16) + W);
   }
   alignas(32) static constexpr std::int8_t shuffle2[32] = {
-      byte2(0),  byte2(1),  byte2(2),  byte2(3),  byte2(4),  byte2(5),  byte2(6),  byte2(7),  byte2(8),  byte2(9),  byte2(10),
-      byte2(11), byte2(12), byte2(13), byte2(14), byte2(15), byte2(16), byte2(17), byte2(18), byte2(19), byte2(20), byte2(21),
-      byte2(22), byte2(23), byte2(24), byte2(25), byte2(26), byte2(27), byte2(28), byte2(29), byte2(30), byte2(31)};
+      byte2(0),  byte2(1),  byte2(2),  byte2(3),  byte2(4),  byte2(5),  byte2(6),  byte2(7),
+      byte2(8),  byte2(9),  byte2(10), byte2(11), byte2(12), byte2(13), byte2(14), byte2(15),
+      byte2(16), byte2(17), byte2(18), byte2(19), byte2(20), byte2(21), byte2(22), byte2(23),
+      byte2(24), byte2(25), byte2(26), byte2(27), byte2(28), byte2(29), byte2(30), byte2(31)};
   alignas(16) static constexpr std::uint16_t multiplier[8] = {mul(0), mul(1), mul(2), mul(3),
                                                               mul(4), mul(5), mul(6), mul(7)};
 };
@@ -149,8 +150,9 @@ inline __m256i unpack16_slice(const std::uint8_t* p, int j, std::size_t readable
     const __m256i mul = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(T::multiplier)));
     __m256i x;
     if (std::size_t(2 * j * W) + 16 <= readable) {
-      x = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * j * W))),
-                              _mm256_load_si256(reinterpret_cast<const __m256i*>(T::shuffle2)));
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * j * W));
+      const __m256i shuffle2 = _mm256_load_si256(reinterpret_cast<const __m256i*>(T::shuffle2));
+      x = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(v), shuffle2);
     } else {
       auto word = [&](int gi) {  // group gi's 8 codes: one 8-byte load where 8 bytes are readable
         std::uint64_t v;
@@ -172,6 +174,17 @@ inline void unpack16(const std::byte* r, int d, std::size_t readable, __m256i* o
   for (int j = 0; j < d / 16; ++j) out[j] = unpack16_slice<R, W>(R::codes(r), j, readable);
 }
 
+/// acc + the pairwise products of the 16-bit lanes of a and b, summed in pairs (vpmaddwd + vpaddd; one vpdpwssd
+/// on the AVX-512 VNNI path). The same int32 for our operands (codes <= 255, |weights| <= 32767: no pair sum
+/// reaches vpmaddwd's one overflow case).
+inline __m256i madd16_add(__m256i acc, __m256i a, __m256i b) noexcept {
+#  if KVC_ISA_LEVEL_ >= 2
+  return _mm256_dpwssd_epi32(acc, a, b);
+#  else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#  endif
+}
+
 /// res[h] = qi_h . codes (int32) for NH <= 4 heads of 16-bit query qi (row stride d): one vpmaddwd per 16
 /// channels and head; exact (|sum| <= 256 * 255 * 32767 < 2^31).
 template <int NH>
@@ -179,8 +192,8 @@ inline __m128i dot16_heads(const std::int16_t* __restrict qi, int d, const __m25
   __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
   for (int j = 0; j < d / 16; ++j)
     for (int h = 0; h < NH; ++h)
-      acc[h] = _mm256_add_epi32(
-          acc[h], _mm256_madd_epi16(codes[j], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qi + std::size_t(h) * d + 16 * j))));
+      acc[h] = madd16_add(acc[h], codes[j],
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qi + std::size_t(h) * d + 16 * j)));
   const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[0], acc[1]), _mm256_hadd_epi32(acc[2], acc[3]));
   return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
 }
@@ -450,17 +463,17 @@ void bucket_values(const std::byte* bk, std::size_t n, std::size_t rb, Token&& t
 }
 
 #if KVC_ISA_LEVEL_ >= 1
-/// bucket_values with the code products in 16-bit integers (Precision::kFast, g % 4 == 0; 256-bit vectors on
-/// AVX2 and AVX-512), kBlock records at a time. Per block and query head the weights w_t = p_t scale_t are rounded to int16 against the block's
-/// largest, w_t ~ ws wi_t with ws = max_t w_t / 32767, so |w_t - ws wi_t| <= ws / 2. Two records' codes are
-/// interleaved into one vector of 16-bit lanes (channel c of records a and b side by side), so one vpmaddwd
-/// takes 8 channels of two records against the pair (wi_a, wi_b), with exact int32 sums over the block
-/// (<= kBlock 255 * 32767 < 2^31); o += ws * sum once per block. The added error per channel and head is at most
-/// kBlock ws / 2 (2^b - 1) per block, at most kBlock (2^b - 1) / 32767 times the block's largest
-/// quantisation-error bound w_t / 2 (b = 8: 0.125; b <= 4: <= 0.0074), in practice far less (roundings of
-/// random sign). Zero terms, outliers and the probabilities handed back stay float. Against the float FMAs of
-/// bucket_values: per 16 channels and two records, 2 unpacks, 2 interleaves and 8 products for 4 heads instead
-/// of 4 unpacks to float and 16 FMAs.
+/// bucket_values with the code products in 16-bit integers (Precision::kFast, g % 4 == 0; 256-bit vectors on AVX2 and
+/// AVX-512), kBlock records at a time. Per block and query head the weights w_t = p_t scale_t are rounded to int16
+/// against the block's largest, w_t ~ ws wi_t with ws = max_t w_t / 32767, so |w_t - ws wi_t| <= ws / 2. Two records'
+/// codes are interleaved into one vector of 16-bit lanes (channel c of records a and b side by side), so one vpmaddwd
+/// takes 8 channels of two records against the pair (wi_a, wi_b), with exact int32 sums over the block (<= kBlock 255 *
+/// 32767 < 2^31); o += ws * sum once per block. The added error per channel and head is at most kBlock ws / 2 (2^b - 1)
+/// per block, at most kBlock (2^b - 1) / 32767 times the block's largest quantisation-error bound w_t / 2 (b = 8:
+/// 0.125; b <= 4: <= 0.0074), in practice far less (roundings of random sign). Zero terms, outliers and the
+/// probabilities handed back stay float. Against the float FMAs of bucket_values: per 16 channels and two records, 2
+/// unpacks, 2 interleaves and 8 products for 4 heads instead of 4 unpacks to float and 16 FMAs (products and sums:
+/// madd16_add, one vpdpwssd each on AVX-512).
 template <class R, int W, class Token>
 void bucket_values16(const std::byte* bk, std::size_t n, std::size_t rb, Token&& token, const Stream& st) noexcept {
   constexpr int kBlock = 16, kPairs = kBlock / 2;
@@ -518,8 +531,8 @@ void bucket_values16(const std::byte* bk, std::size_t n, std::size_t rb, Token&&
             const __m256i xb = unpack16_slice<R, W>(codes[kb], j, !kChecked ? kAll : kb >= nb - 1 ? last : last + rb);
             const __m256i lo = _mm256_unpacklo_epi16(xa, xb), hi = _mm256_unpackhi_epi16(xa, xb);
             for (int h = 0; h < 4; ++h) {
-              acc[h][0] = _mm256_add_epi32(acc[h][0], _mm256_madd_epi16(lo, wp[m][h]));
-              acc[h][1] = _mm256_add_epi32(acc[h][1], _mm256_madd_epi16(hi, wp[m][h]));
+              acc[h][0] = madd16_add(acc[h][0], lo, wp[m][h]);
+              acc[h][1] = madd16_add(acc[h][1], hi, wp[m][h]);
             }
           }
         };
@@ -529,10 +542,10 @@ void bucket_values16(const std::byte* bk, std::size_t n, std::size_t rb, Token&&
         for (int h = 0; h < 4; ++h) {
           float* o = st.o + std::size_t(h0 + h) * d + 16 * j;
           const __m256 f = _mm256_set1_ps(wsh[h]);
-          _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_permute2x128_si256(acc[h][0], acc[h][1], 0x20)), f,
-                                              _mm256_loadu_ps(o)));
-          _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_permute2x128_si256(acc[h][0], acc[h][1], 0x31)),
-                                                  f, _mm256_loadu_ps(o + 8)));
+          const __m256 lo = _mm256_cvtepi32_ps(_mm256_permute2x128_si256(acc[h][0], acc[h][1], 0x20));
+          const __m256 hi = _mm256_cvtepi32_ps(_mm256_permute2x128_si256(acc[h][0], acc[h][1], 0x31));
+          _mm256_storeu_ps(o, _mm256_fmadd_ps(lo, f, _mm256_loadu_ps(o)));
+          _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(hi, f, _mm256_loadu_ps(o + 8)));
         }
       }
     }
