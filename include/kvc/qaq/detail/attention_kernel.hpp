@@ -378,6 +378,22 @@ void bucket_scores16(const std::byte* bk, std::size_t n, std::size_t rb, Token&&
 }
 #endif
 
+#if KVC_ISA_LEVEL_ >= 1
+/// st.ot[c][h] += p_t,h corr_c for the nout outliers of prepared value record v of token t, 4 query heads a vector
+/// (g % 4 == 0): the record's g probabilities are one line of st.s.
+template <class P>
+inline void add_value_outliers4(const P& v, std::size_t t, int nout, const Stream& st) noexcept {
+  const std::size_t g = std::size_t(st.g);
+  for (std::size_t h0 = 0; h0 < g; h0 += 4) {
+    const __m128 w4 = _mm_loadu_ps(st.s + t * g + h0);
+    for (int j = 0; j < nout; ++j) {
+      float* ot = st.ot + std::size_t(v.idx[j]) * g + h0;
+      _mm_storeu_ps(ot, _mm_fmadd_ps(w4, _mm_set1_ps(v.corr[j]), _mm_loadu_ps(ot)));
+    }
+  }
+}
+#endif
+
 /// Probability-weighted values of the n records of one width-W bucket, up to 4 records at a time.
 ///  - AVX2 with g % 4 == 0: axpy_records, 4 query heads a pass, the codes unpacked straight into the FMAs'
 ///    registers (against unpacking into st.codes and loading them back by axpy_rows<4, 2>: the values' pass
@@ -449,15 +465,8 @@ void bucket_values(const std::byte* bk, std::size_t n, std::size_t rb, Token&& t
         for (int j = 0; j < nout; ++j) oh[v[k].idx[j]] += w[0][k] * v[k].corr[j];
     }
 #if KVC_ISA_LEVEL_ >= 1
-    if (g % 4 == 0)  // st.ot[c][h] += p_t,h corr: the record's g probabilities are one line of st.s
-      for (int k = 0; k < nr; ++k)
-        for (int h0 = 0; h0 < g; h0 += 4) {
-          const __m128 w4 = _mm_loadu_ps(st.s + t[k] * std::size_t(g) + std::size_t(h0));
-          for (int j = 0; j < nout; ++j) {
-            float* ot = st.ot + std::size_t(v[k].idx[j]) * g + std::size_t(h0);
-            _mm_storeu_ps(ot, _mm_fmadd_ps(w4, _mm_set1_ps(v[k].corr[j]), _mm_loadu_ps(ot)));
-          }
-        }
+    if (g % 4 == 0)
+      for (int k = 0; k < nr; ++k) add_value_outliers4(v[k], t[k], nout, st);
 #endif
   }
 }
@@ -549,14 +558,7 @@ void bucket_values16(const std::byte* bk, std::size_t n, std::size_t rb, Token&&
         }
       }
     }
-    for (int k = 0; k < nb; ++k)  // st.ot[c][h] += p_t,h corr: the record's g probabilities are one line of st.s
-      for (int h0 = 0; h0 < g; h0 += 4) {
-        const __m128 w4 = _mm_loadu_ps(st.s + t[k] * std::size_t(g) + std::size_t(h0));
-        for (int j = 0; j < nout; ++j) {
-          float* ot = st.ot + std::size_t(v[k].idx[j]) * g + std::size_t(h0);
-          _mm_storeu_ps(ot, _mm_fmadd_ps(w4, _mm_set1_ps(v[k].corr[j]), _mm_loadu_ps(ot)));
-        }
-      }
+    for (int k = 0; k < nb; ++k) add_value_outliers4(v[k], t[k], nout, st);
   }
 }
 #endif
