@@ -202,6 +202,8 @@ TEST(DeviceCacheErrors, CudaFailuresCarryTheRuntimeText) {
     EXPECT_EQ(e.code(), kvc::Errc::kCuda);
     EXPECT_NE(std::string(e.what()).find("cudaErrorMemoryAllocation"), std::string::npos) << e.what();
   }
+  // the failure was reported once: the next kernel launch checks clean (it used to inherit the error)
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 TEST(DeviceCacheErrors, WithoutAGpuTheTextSaysWhy) {

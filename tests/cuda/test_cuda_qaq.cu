@@ -171,7 +171,7 @@ TEST(DeviceQaqErrors, BadInputThrowsTheHostErrorAndChangesNothing) {
   const std::size_t bytes = dev.stored_bytes();
   // NaN input, capacity overflow, bad index, bad targets
   auto bad = kv;
-  bad.k[std::size_t(3)] = std::nanf("");
+  bad.k[bad.at(30, 0, 3)] = std::nanf("");  // token 30: the one appended below
   EXPECT_EQ(error_of([&] { dev.append(0, 0, bad.kview(30, 1), bad.vview(30, 1)); }), kvc::Errc::kNonFinite);
   EXPECT_EQ(error_of([&] { dev.append(0, 0, kv.kview(0, 11), kv.vview(0, 11)); }), kvc::Errc::kCapacityExceeded);
   EXPECT_EQ(error_of([&] { dev.append(1, 0, kv.kview(0, 1), kv.vview(0, 1)); }), kvc::Errc::kInvalidArgument);

@@ -45,15 +45,16 @@ void launch_decode(const typename Layout::Params& p, int max_blocks, int nseq, i
   const int items = nseq * p.kv_heads * chunks;
   const SplitPlan plan =
       plan_splits(max_blocks, items, opt.target_ctas > 0 ? opt.target_ctas : 4 * dev.sms, opt.min_blocks_per_split);
-  KVC_CHECK(sizeof(float) * (plan.splits + 1) <= 48 * 1024, Errc::kInvalidArgument, "a plan of ", plan.splits,
+  const std::size_t merge_smem = sizeof(float) * std::size_t(merge_smem_floats(plan.splits));
+  KVC_CHECK(merge_smem <= 48 * 1024, Errc::kInvalidArgument, "a plan of ", plan.splits,
             " splits exceeds the merge kernel's shared memory: raise DecodeOptions::min_blocks_per_split");
   const std::size_t rows = std::size_t(nseq) * p.kv_heads * group;
   StreamScratch<float> ml(rows * plan.splits * 2, stream), acc(rows * plan.splits * D, stream);
   kernel<<<dim3(unsigned(plan.splits), unsigned(p.kv_heads * chunks), unsigned(nseq)), kDecodeThreads, S::bytes,
            stream>>>(p, q, group, scale_log2, plan, ml.data(), acc.data());
   check_launch("decode_split_kernel");
-  decode_merge_kernel<D, QT><<<dim3(unsigned(p.kv_heads * group), unsigned(nseq)), kDecodeThreads,
-                               sizeof(float) * (plan.splits + 1), stream>>>(
+  decode_merge_kernel<D, QT><<<dim3(unsigned(p.kv_heads * group), unsigned(nseq)), kDecodeThreads, merge_smem,
+                               stream>>>(
       plan.splits, ml.data(), acc.data(), out);
   check_launch("decode_merge_kernel");
 }

@@ -11,10 +11,14 @@
 
 namespace kvc::cuda {
 
-/// Throws kvc::Error(Errc::kCuda, "<what>: <cudaErrorName> (<text>)") when `e` is not cudaSuccess.
+/// Throws kvc::Error(Errc::kCuda, "<what>: <cudaErrorName> (<text>)") when `e` is not cudaSuccess. The
+/// runtime's last-error slot is cleared first: a failed call (a cudaMalloc out of memory, say) also leaves
+/// its error there, and the next check_launch would report it against an innocent kernel. (Sticky errors,
+/// a fault inside a kernel, stay: the context is unusable.)
 inline void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    kvc::detail::fail(Errc::kCuda, what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();
+  kvc::detail::fail(Errc::kCuda, what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
 }
 
 /// Checks the launch of the kernel just enqueued (configuration errors surface here; faults inside the

@@ -191,6 +191,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
         sum += e;
       }
       for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      __syncwarp();  // every lane has read st_m[h] before lane 0 overwrites it (shuffles order no memory)
       if (lane == 0) {
         const float alpha = split_weight(m_old, m_new);
         st_m[h] = m_new;
@@ -252,8 +253,13 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
 }
 
+/// Dynamic shared memory of the merge kernel, in floats: the split weights, then 1 / L, padded to whole
+/// 16-byte words. ptxas may fuse the remainder of merge_apply's loop over the weights into one wider load
+/// (memcheck on sm_90 saw a 12-byte read of a 2-float allocation), which stays inside the padded words.
+constexpr int merge_smem_floats(int splits) { return (splits + 1 + 3) / 4 * 4; }
+
 /// Merge kernel: grid (query head, sequence); row = sequence * query_heads + head. Dynamic shared memory:
-/// splits + 1 floats (the split weights, then 1 / L).
+/// merge_smem_floats(splits) floats.
 template <int D, class QT>
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_merge_kernel(int splits, const float* __restrict__ ml, const float* __restrict__ acc, QT* __restrict__ out) {

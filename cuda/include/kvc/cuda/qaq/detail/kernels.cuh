@@ -183,12 +183,15 @@ __global__ void __launch_bounds__(kUpdateThreads)
     if (threadIdx.x < 2 * W) base[threadIdx.x] += total[threadIdx.x];
     __syncthreads();
   }
-  // copy back (16-byte words; both arenas are 16-byte aligned and sized)
+  // copy back the bytes written: whole 16-byte words (both arenas are 16-byte aligned), then the tail bytes
+  // (not the rest of the last word: scratch past `used` was never written; initcheck flags reading it)
   std::size_t used = 0;
   for (int w = 0; w < W; ++w) used += std::size_t(n_cat[2 * w] + n_cat[2 * w + 1]) * record::bytes(d, BMin + w, p.id_bytes);
   const uint4* from = reinterpret_cast<const uint4*>(dst_arena);
-  uint4* to = reinterpret_cast<uint4*>(p.arena_of(s, side));
-  for (std::size_t k = threadIdx.x; k < (used + 15) / 16; k += blockDim.x) to[k] = from[k];
+  std::byte* to_bytes = p.arena_of(s, side);
+  uint4* to = reinterpret_cast<uint4*>(to_bytes);
+  for (std::size_t k = threadIdx.x; k < used / 16; k += blockDim.x) to[k] = from[k];
+  for (std::size_t k = used / 16 * 16 + threadIdx.x; k < used; k += blockDim.x) to_bytes[k] = dst_arena[k];
   if (threadIdx.x < W) p.counts_of(s, side)[threadIdx.x] = n_cat[2 * threadIdx.x] + n_cat[2 * threadIdx.x + 1];
 }
 
