@@ -23,6 +23,9 @@
 //   BM_QaqStepOverKivi2/T:<n>/rho:<r>    the speed target's ratio: per iteration one kivi2 attention and one QAQ
 //                                        step (rho as above, ~3 bits), each timed; ratio = QAQ / kivi2 (both under
 //                                        the same machine drift)
+//   BM_DecodeAttention/aligned_fp16/T:<n>  AlignedKV (AlignedLoader<>): fp16 bit planes read at the tiers its rules
+//                                        choose (bytes_per_second: the bytes actually read; planes_per_second: all
+//                                        planes; average_bits); aligned_fp16_tier16: the same kernel, every tier 16
 // Counters: bytes_per_second = cache bytes one decode step reads (codes, scales, zeros, windows);
 // bits_per_element = stored bits per K/V element, everything counted.
 #include "bench_util.hpp"
@@ -137,6 +140,35 @@ void BM_DecodeAttention(benchmark::State& state) {
   kvc::AttentionOptions opt;
   opt.precision = Prec;
   kvc_bench::time_decode_steps(state, *cache, bench_query(), kKvHeads * kGqa, kHeadDim, opt);
+}
+
+/// AlignedKV: the attention over fp16 bit planes; bytes_per_second counts the bytes it actually read (its
+/// aligned::ReadStats: planes at the chosen tiers, the value estimate's rows, staging, exponents), planes_per_second
+/// every plane byte (what a tier-16 read takes), average_bits the leading bits loaded per element.
+template <class Cache>
+void BM_DecodeAttentionAligned(benchmark::State& state) {
+  const int tokens = static_cast<int>(state.range(0));
+  const auto cache = build_cache<Cache>(tokens);
+  const std::vector<float> q = bench_query();
+  std::vector<float> out(q.size());
+  const auto qv = kvc::QueryView::contiguous(q.data(), 1, kKvHeads * kGqa, kHeadDim);
+  const auto ov = kvc::OutputView::contiguous(out.data(), 1, kKvHeads * kGqa, kHeadDim);
+  kvc::aligned::ReadStats st;
+  kvc::decode_attention(*cache, 0, qv, ov, {}, &st);
+  state.SetLabel(kvc::isa_name(kvc::resolve_isa(kvc::Isa::kAuto)));
+  for (auto _ : state) {
+    state.PauseTiming();
+    kvc_bench::flush_caches();
+    state.ResumeTiming();
+    kvc::decode_attention(*cache, 0, qv, ov);
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double n = double(state.iterations());
+  state.counters["bytes_per_second"] = benchmark::Counter(double(st.total_bytes()) * n, benchmark::Counter::kIsRate);
+  state.counters["planes_per_second"] =
+      benchmark::Counter(double(cache->decode_read_bytes(0)) * n, benchmark::Counter::kIsRate);
+  state.counters["average_bits"] = st.average_bits();
+  state.counters["bits_per_element"] = cache->bits_per_element();
 }
 
 template <class Cache>
@@ -400,6 +432,12 @@ const int registered = [] {
   register_scheme<kvc::schemes::LogQuant4>("logquant4");
   register_scheme<kvc::schemes::PartialLogQuant2>("partiallogquant2");  // + quantized value rows
   register_scheme<kvc::schemes::Kivi2Budget126>("kivi2_g64_w126");
+  // AlignedKV: fp16 in bit planes read at the tiers its rules choose, and the same kernel forced to 16 bits.
+  benchmark::RegisterBenchmark("BM_DecodeAttention/aligned_fp16", BM_DecodeAttentionAligned<kvc::CompressedKVCache<kvc::AlignedLoader<>>>)
+      ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("BM_DecodeAttention/aligned_fp16_tier16",
+                               BM_DecodeAttentionAligned<kvc::CompressedKVCache<kvc::AlignedLoader<99, 99, 99, 99>>>)
+      ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
   // QAQ at ~3 bits per element as kivi2 (its attention reads the records; its width update runs every step).
   benchmark::RegisterBenchmark("BM_DecodeAttention/qaq", BM_DecodeAttentionQaq<kvc::Precision::kFast>)
       ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);

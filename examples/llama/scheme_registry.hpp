@@ -7,6 +7,7 @@
 #include <llama/llama_model.hpp>
 #include <llama/qaq_eval.hpp>
 
+#include <kvc/aligned/decode_attention.hpp>
 #include <kvc/schemes.hpp>
 
 #include <algorithm>
@@ -284,6 +285,9 @@ inline const std::vector<SchemeEntry>& scheme_registry() {
       entry<SinkKivi<4, 64, OutlierFilter<100>>>("gear-kivi4-b64-w64-sink64-s1", "kivi4-b64-w64-sink64 + 1 % outliers"),
       entry<KiviWith<2, 32, 32, 128, OutlierFilter<100>, LowRankResidual<Rank<1>>>>(
           "gear-kivi2-s1-r1", "KIVI-2 (group 32, window 128) + 1 % outliers, rank 1"),
+      // AlignedKV (SPEC §3): fp16 K/V in bit planes, decode attention loading 8, 12 or 16 leading bits per element.
+      entry<CompressedKVCache<AlignedLoader<>>>("aligned-fp16",
+                                               "AlignedKV: fp16 planes read at Rule 1/2 tiers (4 / 8 binades, top-32)"),
       // QAQ's per-token uniform baseline (paper Fig. 4): every token at B bits, QAQ's codec and 1 % outliers.
       // The adaptive QAQ schemes carry their targets in the name (find_scheme).
       detail::qaq_entry<QaqQuantizer<1, 1>>("qaq-u1", "per-token uniform 1-bit + 1 % outliers (QAQ's codec)", {1, 1}),

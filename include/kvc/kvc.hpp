@@ -26,4 +26,7 @@
 #include <kvc/attention/reference.hpp>
 #include <kvc/qaq/qaq_cache.hpp>
 #include <kvc/qaq/decode_attention.hpp>
+#include <kvc/aligned/aligned_loader.hpp>
+#include <kvc/aligned/aligned_cache.hpp>
+#include <kvc/aligned/decode_attention.hpp>
 #include <kvc/schemes.hpp>

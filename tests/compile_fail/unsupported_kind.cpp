@@ -1,5 +1,5 @@
-// expect: loader policies are not supported by CompressedKVCache
-// A well-formed policy of a kind the cache does not implement yet.
+// expect: a loader policy .kvc::AlignedLoader. reads fp16 bit planes
+// A well-formed loader policy beside a quantizer: loaders have a cache of their own.
 #include <kvc/kvc.hpp>
 
 struct PartialLoads {

@@ -197,6 +197,40 @@ inline Isa validate(const AttentionOptions& opt) {
 }
 
 
+namespace detail {
+/// The most threads decode attention runs with (AttentionOptions::num_threads, else OpenMP's default, at most
+/// OpenMP's thread limit; 1 without OpenMP).
+inline int attention_threads(const AttentionOptions& opt) noexcept {
+#if KVC_HAS_OPENMP()
+  return std::max(1, std::min(opt.num_threads > 0 ? opt.num_threads : omp_get_max_threads(), omp_get_thread_limit()));
+#else
+  (void)opt;
+  return 1;
+#endif
+}
+
+/// The factor the kernels apply to the query: (AttentionOptions::scale, or 1 / sqrt(d)) * log2(e), in float
+/// (infinite for a scale above FLT_MAX / log2(e)).
+inline float query_scale(const AttentionOptions& opt, int d) noexcept {
+  return (opt.scale > 0.0f ? opt.scale : 1.0f / std::sqrt(float(d))) * kLog2e;
+}
+
+/// decode_attention's input checks for a cache with its own container (config(), length(layer, seq): QAQ,
+/// AlignedKV); returns every sequence's length.
+template <class Cache>
+std::vector<int> checked_lengths(const Cache& cache, int layer, QueryView q, OutputView out, const AttentionOptions& opt) {
+  const auto& cfg = cache.config();
+  KVC_CHECK(layer >= 0 && layer < cfg.layers, Errc::kInvalidArgument, "layer ", layer, " out of range [0, ",
+            cfg.layers, ")");
+  std::vector<int> lengths(std::size_t(cfg.batch));
+  for (int s = 0; s < cfg.batch; ++s) lengths[std::size_t(s)] = cache.length(layer, s);
+  check_decode_inputs(cfg.batch, cfg.kv_heads, cfg.head_dim, lengths.data(), q, out);
+  (void)validate(opt);
+  return lengths;
+}
+}  // namespace detail
+
+
 /// Decode attention over one layer of a cache's Params (the low-level entry point).
 /// q, out: [sequences][query_heads][head_dim], sequences <= batch; query_heads a multiple of kv_heads.
 /// Sequence i attends to the cache's sequence i, which must hold at least one token.

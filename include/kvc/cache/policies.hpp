@@ -126,7 +126,9 @@ struct cache_checks {
                 "CompressedKVCache<QaqQuantizer<...>> alone (mixed-bit buckets, <kvc/qaq/qaq_cache.hpp>), with no "
                 "selector, block size, second quantizer or GEAR correction");
   static_assert(detail::count_kind<kind::loader, P...> == 0,
-                "kvc: loader policies are not supported by CompressedKVCache yet");
+                "kvc: a loader policy (kvc::AlignedLoader) reads fp16 bit planes: its cache is CompressedKVCache<AlignedLoader<...>> alone "
+                "(<kvc/aligned/aligned_cache.hpp>); loading the fp16 parts of other schemes (KIVI's window, "
+                "LogQuant's full-precision set) through it is not built yet");
   static_assert(std::is_void_v<typename R::streaming> || std::is_same_v<typename R::streaming, LiteralMode>,
                 "kvc: the streaming policy must be kvc::LiteralMode (block mode is the default: no policy)");
   static_assert(std::is_void_v<typename R::streaming> || R::kCorrected,
