@@ -49,10 +49,7 @@ class CompressedKVCache<AlignedLoader<KLo, KHi, VLo, VHi, TopK, Block>> {
 
   /// cfg as for every cache: positive sizes, head_dim a multiple of 16.
   explicit CompressedKVCache(const CacheConfig& cfg) : cfg_(cfg) {
-    KVC_CHECK(cfg.layers > 0 && cfg.batch > 0 && cfg.kv_heads > 0 && cfg.head_dim > 0 && cfg.capacity > 0,
-              Errc::kInvalidArgument, "cache config needs positive layers, batch, kv_heads, head_dim and capacity (got ",
-              cfg.layers, ", ", cfg.batch, ", ", cfg.kv_heads, ", ", cfg.head_dim, ", ", cfg.capacity, ")");
-    KVC_CHECK(cfg.head_dim % 16 == 0, Errc::kInvalidArgument, "head_dim ", cfg.head_dim, " is not a multiple of 16");
+    (void)detail::Fp16Rules::validate(cfg);
     streams_.resize(std::size_t(cfg.layers) * cfg.batch * cfg.kv_heads);
     for (Stream& s : streams_) s.kmax.assign(std::size_t(cfg.head_dim), 0), s.vmax.assign(std::size_t(cfg.head_dim), 0);
     lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
@@ -75,10 +72,7 @@ class CompressedKVCache<AlignedLoader<KLo, KHi, VLo, VHi, TopK, Block>> {
   void append(int layer, int seq, KVView k, KVView v) {
     check_index(layer, seq);
     int& n = lengths_[std::size_t(layer) * cfg_.batch + seq];
-    using rules = detail::CacheRules<typename CompressedKVCache<NoQuantizer<half_t>>::layout>;
-    if (rules::check_append_shape(cfg_, layer, seq, n, k, v) == 0) return;
-    rules::check_values(k, "key");
-    rules::check_values(v, "value");
+    if (detail::check_fp16_append(cfg_, layer, seq, n, k, v) == 0) return;
     const int d = cfg_.head_dim;
     for (int h = 0; h < cfg_.kv_heads; ++h) {
       Stream& s = streams_[index(layer, seq, h)];
@@ -175,12 +169,7 @@ class CompressedKVCache<AlignedLoader<KLo, KHi, VLo, VHi, TopK, Block>> {
   [[nodiscard]] std::size_t index(int layer, int seq, int head) const noexcept {
     return (std::size_t(layer) * cfg_.batch + seq) * cfg_.kv_heads + head;
   }
-  void check_index(int layer, int seq) const {
-    KVC_CHECK(layer >= 0 && layer < cfg_.layers, Errc::kInvalidArgument, "layer ", layer, " out of range [0, ",
-              cfg_.layers, ")");
-    KVC_CHECK(seq >= 0 && seq < cfg_.batch, Errc::kInvalidArgument, "sequence ", seq, " out of range [0, ", cfg_.batch,
-              ")");
-  }
+  void check_index(int layer, int seq) const { detail::Fp16Rules::check_index(cfg_, layer, seq); }
   /// Moves a full staging block into the planes: keys channel-major, values token-major; nibbles of elements
   /// 2j and 2j + 1 share byte j.
   void flush(Stream& s) const {

@@ -77,15 +77,8 @@ void decode_attention(const CompressedKVCache<AlignedLoader<KLo, KHi, VLo, VHi, 
 #else
   (void)isa;
 #endif
-  AlignedBuffer<float> qs(std::size_t(nseq) * q.dim1 * d), result(std::size_t(nseq) * q.dim1 * d);
-  for (int s = 0; s < nseq; ++s)
-    for (int h = 0; h < q.dim1; ++h)
-      for (int c = 0; c < d; ++c) {
-        const float x = q.row(s, h)[c] * scale;
-        KVC_CHECK(std::isfinite(x), Errc::kOutOfRange, "query sequence ", s, " head ", h, " channel ", c, " (",
-                  q.row(s, h)[c], ") times the softmax scale overflows float");
-        qs[(std::size_t(s) * q.dim1 + h) * d + c] = x;
-      }
+  const AlignedBuffer<float> qs = detail::scaled_query(q, scale);
+  AlignedBuffer<float> result(std::size_t(nseq) * q.dim1 * d);
   const int streams = nseq * H;
   std::vector<unsigned char> finite(std::size_t(streams), 1);
   std::vector<aligned::ReadStats> read(static_cast<std::size_t>(streams));

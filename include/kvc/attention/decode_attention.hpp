@@ -198,6 +198,21 @@ inline Isa validate(const AttentionOptions& opt) {
 
 
 namespace detail {
+/// The query times `scale` (softmax scale * log2(e)), contiguous [sequences][heads][head_dim]; throws
+/// kOutOfRange naming the element whose product overflows float.
+inline AlignedBuffer<float> scaled_query(QueryView q, float scale) {
+  AlignedBuffer<float> qs(std::size_t(q.dim0) * q.dim1 * q.dim2);
+  for (int s = 0; s < q.dim0; ++s)
+    for (int h = 0; h < q.dim1; ++h)
+      for (int c = 0; c < q.dim2; ++c) {
+        const float x = q.row(s, h)[c] * scale;
+        KVC_CHECK(std::isfinite(x), Errc::kOutOfRange, "query sequence ", s, " head ", h, " channel ", c, " (",
+                  q.row(s, h)[c], ") times the softmax scale overflows float");
+        qs[(std::size_t(s) * q.dim1 + h) * q.dim2 + c] = x;
+      }
+  return qs;
+}
+
 /// The most threads decode attention runs with (AttentionOptions::num_threads, else OpenMP's default, at most
 /// OpenMP's thread limit; 1 without OpenMP).
 inline int attention_threads(const AttentionOptions& opt) noexcept {
@@ -268,15 +283,7 @@ void decode_attention(const typename Layout::Params& p, QueryView q, OutputView 
 
   const std::size_t item_floats = std::size_t(g) * (d + 2);
   AlignedBuffer<float> results(work.size() * item_floats);
-  AlignedBuffer<float> qscaled(std::size_t(nseq) * q.dim1 * d);
-  for (int s = 0; s < nseq; ++s)
-    for (int h = 0; h < q.dim1; ++h)
-      for (int c = 0; c < d; ++c) {
-        const float x = q.row(s, h)[c] * scale;
-        KVC_CHECK(std::isfinite(x), Errc::kOutOfRange, "query sequence ", s, " head ", h, " channel ", c, " (",
-                  q.row(s, h)[c], ") times the softmax scale overflows float");
-        qscaled[(std::size_t(s) * q.dim1 + h) * d + c] = x;
-      }
+  const AlignedBuffer<float> qscaled = detail::scaled_query(q, scale);
   const std::size_t scratch_floats = fns.scratch_floats(p, g);
   const int nwork = static_cast<int>(work.size());
 

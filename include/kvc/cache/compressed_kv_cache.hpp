@@ -449,4 +449,18 @@ class CompressedKVCache {
   std::vector<int> lengths_;
   std::vector<float> warm_k_, warm_v_;  // LowRankInit::kWarm: each stream's last basis B (d x r)
 };
+
+namespace detail {
+/// The rules of an fp16 cache, for the caches with containers of their own that store fp16-range inputs (QAQ's
+/// mirror, AlignedKV's planes): index, shape, capacity and value checks.
+using Fp16Rules = CacheRules<typename CompressedKVCache<NoQuantizer<half_t>>::layout>;
+/// The checks of append(layer, seq, k, v) onto n tokens for those caches, all made before anything is written:
+/// shapes, capacity, finite values within fp16's range. Returns the token count (0: nothing to append).
+inline int check_fp16_append(const CacheConfig& cfg, int layer, int seq, int n, KVView k, KVView v) {
+  if (Fp16Rules::check_append_shape(cfg, layer, seq, n, k, v) == 0) return 0;
+  Fp16Rules::check_values(k, "key");
+  Fp16Rules::check_values(v, "value");
+  return k.dim0;
+}
+}  // namespace detail
 }  // namespace kvc

@@ -164,10 +164,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   void append(int layer, int seq, KVView k, KVView v) {
     check_index(layer, seq);
     int& n = lengths_[std::size_t(layer) * cfg_.batch + seq];
-    using rules = detail::CacheRules<typename CompressedKVCache<NoQuantizer<half_t>>::layout>;
-    if (rules::check_append_shape(cfg_, layer, seq, n, k, v) == 0) return;
-    rules::check_values(k, "key");
-    rules::check_values(v, "value");
+    if (detail::check_fp16_append(cfg_, layer, seq, n, k, v) == 0) return;
     const int d = cfg_.head_dim;
     for (int h = 0; h < cfg_.kv_heads; ++h) {
       const std::size_t s = stream(layer, seq, h);
@@ -331,12 +328,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   [[nodiscard]] std::size_t stream(int layer, int seq, int head) const noexcept {
     return (std::size_t(layer) * cfg_.batch + seq) * cfg_.kv_heads + head;
   }
-  void check_index(int layer, int seq) const {
-    KVC_CHECK(layer >= 0 && layer < cfg_.layers, Errc::kInvalidArgument, "layer ", layer, " out of range [0, ",
-              cfg_.layers, ")");
-    KVC_CHECK(seq >= 0 && seq < cfg_.batch, Errc::kInvalidArgument, "sequence ", seq, " out of range [0, ", cfg_.batch,
-              ")");
-  }
+  void check_index(int layer, int seq) const { detail::Fp16Rules::check_index(cfg_, layer, seq); }
   /// Quantizes a mirror row and appends its record at width b.
   void put(Side& sd, const half_t* row, int b, std::uint32_t id) {
     std::vector<std::byte>& bk = sd.bucket[std::size_t(b - BMin)];

@@ -21,15 +21,6 @@ using F = simd::VecF;
 inline constexpr int kLanes = 16;           ///< elements put together at a time
 inline constexpr int kVecs = kLanes / F::N;  ///< float vectors they fill
 
-#if KVC_ISA_LEVEL_ >= 1
-/// 8 bytes of a nibble plane as 16 16-bit lanes: lane 2j the low nibble of byte j, lane 2j + 1 its high nibble.
-inline __m256i nibbles16(const std::uint8_t* p) noexcept {
-  const __m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  const __m128i l = _mm_and_si128(x, _mm_set1_epi16(0xF)), h = _mm_srli_epi16(x, 4);
-  return _mm256_set_m128i(_mm_unpackhi_epi16(l, h), _mm_unpacklo_epi16(l, h));
-}
-#endif
-
 /// 16 elements as floats, from 16 hi8 bytes and the 8 bytes of each nibble plane that hold their mid4 / lo4
 /// (element 2j in the low nibble of byte j), read at `tier` (8, 12 or 16) leading bits: the nibble planes a
 /// tier does not need are not touched.
@@ -44,18 +35,32 @@ inline void assemble16(const std::uint8_t* hi, const std::uint8_t* mid, const st
     out[i] = F{half_bits_to_float(b)};
   }
 #else
-  __m256i b = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hi))), 8);
+  // the fp16 words' low bytes (mid4 << 4 | lo4, or the fill) put together 16 at a time in bytes: elements 2j and
+  // 2j + 1 from nibble byte j, then interleaved with the hi8 bytes into 16 fp16 words
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi));
+  __m128i low;
   if (tier == 8) {
-    b = _mm256_or_si256(b, _mm256_set1_epi16(0x80));
+    low = _mm_set1_epi8(char(0x80));
   } else {
-    b = _mm256_or_si256(b, _mm256_slli_epi16(nibbles16(mid), 4));
-    b = _mm256_or_si256(b, tier == 12 ? _mm256_set1_epi16(0x8) : nibbles16(lo));
+    const __m128i m = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mid));
+    const __m128i f0 = _mm_set1_epi8(char(0xF0)), x0f = _mm_set1_epi8(0x0F);
+    __m128i even = _mm_and_si128(_mm_slli_epi16(m, 4), f0), odd = _mm_and_si128(m, f0);
+    if (tier == 16) {
+      const __m128i l = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(lo));
+      even = _mm_or_si128(even, _mm_and_si128(l, x0f));
+      odd = _mm_or_si128(odd, _mm_and_si128(_mm_srli_epi16(l, 4), x0f));
+    } else {
+      even = _mm_or_si128(even, _mm_set1_epi8(0x08));
+      odd = _mm_or_si128(odd, _mm_set1_epi8(0x08));
+    }
+    low = _mm_unpacklo_epi8(even, odd);
   }
+  const __m128i w0 = _mm_unpacklo_epi8(low, h), w1 = _mm_unpackhi_epi8(low, h);
 #  if KVC_ISA_LEVEL_ == 2
-  out[0] = F{_mm512_cvtph_ps(b)};
+  out[0] = F{_mm512_cvtph_ps(_mm256_set_m128i(w1, w0))};
 #  else
-  out[0] = F{_mm256_cvtph_ps(_mm256_castsi256_si128(b))};
-  out[1] = F{_mm256_cvtph_ps(_mm256_extracti128_si256(b, 1))};
+  out[0] = F{_mm256_cvtph_ps(w0)};
+  out[1] = F{_mm256_cvtph_ps(w1)};
 #  endif
 #endif
 }
@@ -83,13 +88,28 @@ inline void block_scores16(const StreamView& v, int b, int j0, const float* q, c
     for (int i = 0; i < kVecs; ++i) acc[h][i].store(s + std::size_t(h) * v.T + std::size_t(b) * B + j0 + i * F::N);
 }
 
-/// o_h[c0, c0 + 16) += p_h x for NH heads (o_h = o + h d, p_h = p[h T]).
+inline constexpr int kTile = 8;  ///< value rows per tile
+
+/// o_h[0, d) += sum over the nt <= kTile rows t0.. of p_h[t] row_t for NH heads (o_h = o + h d, p_h = p + h T), each
+/// row read at its tier; per 16 channels the NH outputs are loaded and stored once per tile.
 template <int NH>
-inline void add_row16(const F (&x)[kVecs], const float* p, std::size_t T, float* o, int d) noexcept {
-  for (int h = 0; h < NH; ++h) {
-    const F w = F::set1(p[std::size_t(h) * T]);
-    float* oh = o + std::size_t(h) * d;
-    for (int i = 0; i < kVecs; ++i) simd::fma(w, x[i], F::load(oh + i * F::N)).store(oh + i * F::N);
+inline void tile_values(const StreamView& v, int t0, int nt, const int* tier, const float* p, float* o) noexcept {
+  const int d = v.d;
+  for (int c0 = 0; c0 < d; c0 += kLanes) {
+    F acc[NH][kVecs];
+    for (int h = 0; h < NH; ++h)
+      for (int i = 0; i < kVecs; ++i) acc[h][i] = F::load(o + std::size_t(h) * d + c0 + i * F::N);
+    for (int k = 0; k < nt; ++k) {
+      const std::size_t t = std::size_t(t0 + k);
+      F x[kVecs];
+      assemble16(v.vhi + t * d + c0, v.vmid + t * (d / 2) + c0 / 2, v.vlo + t * (d / 2) + c0 / 2, tier[k], x);
+      for (int h = 0; h < NH; ++h) {
+        const F w = F::set1(p[std::size_t(h) * v.T + t]);
+        for (int i = 0; i < kVecs; ++i) acc[h][i] = simd::fma(w, x[i], acc[h][i]);
+      }
+    }
+    for (int h = 0; h < NH; ++h)
+      for (int i = 0; i < kVecs; ++i) acc[h][i].store(o + std::size_t(h) * d + c0 + i * F::N);
   }
 }
 
@@ -169,21 +189,17 @@ bool run_stream(const StreamView& v, const float* q, const std::uint8_t* ktier, 
     stats.estimate_bytes += std::size_t(k) * d;
   }
   std::fill_n(o, std::size_t(g) * d, 0.0f);
+  // rows in tiles of kTile: per 16 channels the heads' outputs stay in registers over the tile's rows
   std::size_t vt[3] = {0, 0, 0};
-  for (int t = 0; t < full; ++t) {
-    const int tier = Loader::value_tier(s + t, std::size_t(T), g, ref);
-    ++vt[(tier - 8) / 4];
-    const std::uint8_t* hi = v.vhi + std::size_t(t) * d;
-    const std::uint8_t* mid = v.vmid + std::size_t(t) * (d / 2);
-    const std::uint8_t* lo = v.vlo + std::size_t(t) * (d / 2);
+  for (int t0 = 0; t0 < full; t0 += kTile) {
+    const int nt = std::min(kTile, full - t0);
+    int tier[kTile];
+    for (int k = 0; k < nt; ++k) {
+      tier[k] = Loader::value_tier(s + t0 + k, std::size_t(T), g, ref);
+      ++vt[(tier[k] - 8) / 4];
+    }
     for (int h0 = 0; h0 < g; h0 += 4)
-      with_heads(g - h0, [&]<int NH>() {
-        for (int c0 = 0; c0 < d; c0 += kLanes) {
-          F x[kVecs];
-          assemble16(hi + c0, mid + c0 / 2, lo + c0 / 2, tier, x);
-          add_row16<NH>(x, s + std::size_t(h0) * T + t, std::size_t(T), o + std::size_t(h0) * d + c0, d);
-        }
-      });
+      with_heads(g - h0, [&]<int NH>() { tile_values<NH>(v, t0, nt, tier, s + std::size_t(h0) * T, o + std::size_t(h0) * d); });
   }
   for (int t = 0; t < staged; ++t)
     for (int h = 0; h < g; ++h) {

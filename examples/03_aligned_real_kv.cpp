@@ -1,0 +1,202 @@
+// 03_aligned_real_kv: AlignedKV (kvc::AlignedLoader<>) on REAL keys, values and queries: how many bytes its
+// decode attention reads, and what the truncation does to QK^T, SV and the attention output.
+//
+//   03_aligned_real_kv [dump-file [max-read-fraction max-attn-error]]
+//
+// With the two limits (the test suite's use), exits 3 when the bytes read over all layers exceed
+// max-read-fraction of fp16's or the mean attention error exceeds max-attn-error.
+//
+// The dump (kvc/io/kv_dump.hpp, written by kvc-eval --dump-kv) holds post-RoPE keys, values and queries of some
+// layers. For every dumped layer the cache is built as an engine builds it (at query position t it holds tokens
+// 0..t), and at every 64th position (and the last) decode attention runs with the real query. Reported:
+//   per layer   the bytes read against fp16's (every plane byte plus nothing else), the average leading bits
+//               loaded per planar element, and the attention output's error against fp16 attention (kvc::reference
+//               in double over the cache's fp16 contents): ||o - o_fp16|| / ||o_fp16|| per query head, mean and worst
+//   Table 1     the paper's distribution of relative errors (paper Table 1, SPEC §3.8) over every position, head
+//               and token: QK^T with the keys at Rule 1's tiers, S V with the values at Rule 2's tiers against the
+//               same (exact fp16) probabilities; in double, both results then rounded to fp16 as the paper's fp16
+//               GEMM outputs are ("0": the same fp16 result); QK^T over tokens of complete blocks only (staged
+//               tokens are read whole, so exact by construction)
+//   Fig. 9      the average leading bits loaded per planar element by context length, all layers
+#include "dump_cli.hpp"
+
+#include <kvc/aligned/decode_attention.hpp>
+#include <kvc/attention/reference.hpp>
+#include <kvc/io/kv_dump.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kEvery = 64;
+using Cache = kvc::CompressedKVCache<kvc::AlignedLoader<>>;
+using Loader = Cache::loader;
+
+/// Relative-error histogram with the paper's bins: 0, (0, 1/1024), [1/1024, 1/512), [1/512, 1/256),
+/// [1/256, 1/128), >= 1/128.
+struct Bins {
+  std::array<double, 6> n{};
+  void add(double rel) {
+    const int b = rel == 0.0 ? 0 : rel < 1.0 / 1024 ? 1 : rel < 1.0 / 512 ? 2 : rel < 1.0 / 256 ? 3 : rel < 1.0 / 128 ? 4 : 5;
+    n[std::size_t(b)] += 1.0;
+  }
+  void print(const char* name) const {
+    double total = 0.0;
+    for (double x : n) total += x;
+    std::printf("| %s | %.2f%% | %.2f%% | %.2f%% | %.2f%% | %.2f%% | %.2f%% |\n", name, 100 * n[0] / total, 100 * n[1] / total,
+                100 * n[2] / total, 100 * n[3] / total, 100 * n[4] / total, 100 * n[5] / total);
+  }
+};
+
+double fp16(double x) { return kvc::half_t::from_float(float(x)).to_float(); }
+float trunc(float x, int tier) {
+  return kvc::detail::half_bits_to_float(kvc::aligned::truncate(kvc::half_t::from_float(x).bits, tier));
+}
+double rel(double a, double ref) { return ref != 0.0 ? std::fabs(a - ref) / std::fabs(ref) : (a == 0.0 ? 0.0 : 1.0); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kvc::io::KVDump dump;
+  std::string path;
+  double max_read = 0.0, max_err = 0.0;
+  if (argc == 4) {
+    max_read = std::atof(argv[2]), max_err = std::atof(argv[3]);
+    if (!(max_read > 0.0) || !(max_err > 0.0)) {
+      std::fprintf(stderr, "03_aligned_real_kv: limits must be positive numbers\n");
+      return 2;
+    }
+    argc = 2;
+  }
+  if (const auto status = kvc_examples::load_dump(argc, argv, "03_aligned_real_kv", "measures AlignedKV", dump, path))
+    return *status;
+  if (!dump.has_queries()) {
+    std::fprintf(stderr, "03_aligned_real_kv: the dump has no queries (AlignedKV's tiers depend on them)\n");
+    return 1;
+  }
+  const int T = dump.tokens, H = dump.kv_heads, Hq = dump.q_heads, d = dump.head_dim, g = Hq / H;
+  std::printf("KV dump %s: %s, %d tokens, %d query / %d KV heads, head_dim %d, %zu layers; %s path\n", path.c_str(),
+              dump.model.c_str(), T, Hq, H, d, dump.layers.size(), kvc::simd_path_name());
+  std::printf("AlignedLoader<>: key/value thresholds 4 / 8 binades, top-%d estimate, %d-token key blocks\n\n", Loader::kTopK,
+              Loader::kBlock);
+  std::printf("| layer | bytes read / fp16 | average bits (K / V) | attn rel. error mean | worst |\n|---:|---:|---:|---:|---:|\n");
+  Bins qk, sv;
+  constexpr int kContextBins = 6;  // t < 128, 256, 512, 1024, 2048, more
+  std::array<double, kContextBins> bits_sum{}, bits_n{};
+  double all_read = 0.0, all_fp16 = 0.0, all_err_sum = 0.0, all_err_worst = 0.0;
+  int all_err_n = 0;
+  for (std::size_t i = 0; i < dump.layers.size(); ++i) {
+    const kvc::KVView K = dump.keys(i), V = dump.values(i);
+    Cache cache(kvc::CacheConfig{1, 1, H, d, T});
+    int len = 0;
+    double read = 0.0, full = 0.0, bits = 0.0, err_sum = 0.0, err_worst = 0.0;
+    std::array<double, 3> kt_n{}, vt_n{};
+    int npos = 0, nerr = 0;
+    std::vector<float> out(std::size_t(Hq) * d), ref(out.size()), kf, vf;
+    for (int t = std::min(kEvery, T) - 1;; t = std::min(t + kEvery, T - 1)) {
+      cache.append(0, 0, kvc::KVView{K.row(len, 0), t + 1 - len, H, d, K.stride0, K.stride1},
+                   kvc::KVView{V.row(len, 0), t + 1 - len, H, d, V.stride0, V.stride1});
+      len = t + 1;
+      const kvc::QueryView q = dump.queries(i, t);
+      kvc::aligned::ReadStats st;
+      kvc::decode_attention(cache, 0, q, kvc::OutputView::contiguous(out.data(), 1, Hq, d), {}, &st);
+      kf.resize(std::size_t(len) * H * d), vf.resize(kf.size());
+      cache.dequantize(0, 0, kf.data(), vf.data());
+      kvc::reference::decode_attention(q.data, Hq, kf.data(), vf.data(), len, H, d, ref.data());
+      for (int h = 0; h < Hq; ++h) {
+        double e = 0.0, r = 0.0;
+        for (int c = 0; c < d; ++c) {
+          const double a = out[std::size_t(h) * d + c], b = ref[std::size_t(h) * d + c];
+          e += (a - b) * (a - b), r += b * b;
+        }
+        const double x = r > 0.0 ? std::sqrt(e / r) : std::sqrt(e);
+        err_sum += x, err_worst = std::max(err_worst, x), ++nerr;
+      }
+      read += double(st.total_bytes());
+      full += double(len) * H * d * 2 * 2;
+      bits += st.average_bits(), ++npos;
+      for (int j = 0; j < 3; ++j) kt_n[std::size_t(j)] += double(st.key_tiers[j]), vt_n[std::size_t(j)] += double(st.value_tiers[j]);
+      const int cb = t < 128 ? 0 : t < 256 ? 1 : t < 512 ? 2 : t < 1024 ? 3 : t < 2048 ? 4 : 5;
+      bits_sum[std::size_t(cb)] += st.average_bits(), bits_n[std::size_t(cb)] += 1.0;
+      // Table 1, in double: per KV head its tiers, per query head the exact probabilities
+      const int planar = len / Loader::kBlock * Loader::kBlock;
+      for (int kh = 0; kh < H; ++kh) {
+        std::vector<float> qg(std::size_t(g) * d);
+        for (int h = 0; h < g; ++h) std::copy_n(q.row(0, kh * g + h), d, qg.data() + std::size_t(h) * d);
+        std::array<std::uint8_t, 256> kt{};
+        const auto& sm = cache.stream(0, 0, kh);
+        Loader::key_tiers(qg.data(), g, d, sm.kmax.data(), kt.data());
+        std::vector<float> p(std::size_t(g) * len);
+        std::vector<double> pd(p.size());
+        for (int h = 0; h < g; ++h) {
+          double m = -1e300;
+          for (int u = 0; u < len; ++u) {
+            double s = 0.0, s_tr = 0.0;
+            for (int c = 0; c < d; ++c) {
+              const double qc = qg[std::size_t(h) * d + c];
+              const float k = kf[(std::size_t(u) * H + kh) * d + c];
+              s += qc * k;
+              s_tr += qc * trunc(k, kt[std::size_t(c)]);
+            }
+            if (u < planar) qk.add(rel(fp16(s_tr), fp16(s)));
+            pd[std::size_t(h) * len + u] = s / std::sqrt(double(d));
+            m = std::max(m, pd[std::size_t(h) * len + u]);
+          }
+          double z = 0.0;
+          for (int u = 0; u < len; ++u) z += (pd[std::size_t(h) * len + u] = std::exp(pd[std::size_t(h) * len + u] - m));
+          for (int u = 0; u < len; ++u) p[std::size_t(h) * len + u] = float(pd[std::size_t(h) * len + u] /= z);
+        }
+        std::array<int, 64> refs{}, cand{};
+        for (int h = 0; h < g; ++h) {
+          const int nc = Loader::top_candidates(p.data() + std::size_t(h) * len, len, cand.data());
+          std::vector<float> est(std::size_t(d), 0.0f);
+          for (int j = 0; j < nc; ++j)
+            for (int c = 0; c < d; ++c)
+              est[std::size_t(c)] += p[std::size_t(h) * len + cand[std::size_t(j)]] *
+                                     std::fabs(trunc(vf[(std::size_t(cand[std::size_t(j)]) * H + kh) * d + c], 8));
+          refs[std::size_t(h)] = Loader::value_reference(est.data(), d, sm.vmax.data());
+        }
+        for (int h = 0; h < g; ++h) {
+          std::vector<double> o(std::size_t(d), 0.0), o_tr(std::size_t(d), 0.0);
+          for (int u = 0; u < len; ++u) {
+            const int tier = u < planar ? Loader::value_tier(p.data() + u, std::size_t(len), g, refs.data()) : 16;
+            const double w = pd[std::size_t(h) * len + u];
+            for (int c = 0; c < d; ++c) {
+              const float v = vf[(std::size_t(u) * H + kh) * d + c];
+              o[std::size_t(c)] += w * v;
+              o_tr[std::size_t(c)] += w * trunc(v, tier);
+            }
+          }
+          for (int c = 0; c < d; ++c) sv.add(rel(fp16(o_tr[std::size_t(c)]), fp16(o[std::size_t(c)])));
+        }
+      }
+      if (t == T - 1) break;
+    }
+    auto avg = [](const std::array<double, 3>& n) { return (8 * n[0] + 12 * n[1] + 16 * n[2]) / (n[0] + n[1] + n[2]); };
+    std::printf("| %d | %.3f | %.2f (%.2f / %.2f) | %.2e | %.2e |\n", dump.layers[i].layer, read / full, bits / npos,
+                avg(kt_n), avg(vt_n), err_sum / nerr, err_worst);
+    all_read += read, all_fp16 += full, all_err_sum += err_sum, all_err_n += nerr;
+    all_err_worst = std::max(all_err_worst, err_worst);
+  }
+  std::printf("| all | %.3f | | %.2e | %.2e |\n\n", all_read / all_fp16, all_err_sum / all_err_n, all_err_worst);
+  std::printf("Table 1 (relative error of each output):\n\n| output | 0 | (0, 1/1024) | [1/1024, 1/512) | [1/512, 1/256) | "
+              "[1/256, 1/128) | >= 1/128 |\n|---|---:|---:|---:|---:|---:|---:|\n");
+  qk.print("QK^T");
+  sv.print("SV");
+  std::printf("\nFig. 9 (average leading bits per planar element by context length t):\n\n| t | bits |\n|---|---:|\n");
+  const char* names[kContextBins] = {"< 128", "128-255", "256-511", "512-1023", "1024-2047", ">= 2048"};
+  for (int b = 0; b < kContextBins; ++b)
+    if (bits_n[std::size_t(b)] > 0) std::printf("| %s | %.2f |\n", names[b], bits_sum[std::size_t(b)] / bits_n[std::size_t(b)]);
+  if (max_read > 0.0 && (all_read / all_fp16 > max_read || all_err_sum / all_err_n > max_err)) {
+    std::fprintf(stderr, "03_aligned_real_kv: read %.3f of fp16's bytes (limit %.3f), mean attention error %.2e (limit %.2e)\n",
+                 all_read / all_fp16, max_read, all_err_sum / all_err_n, max_err);
+    return 3;
+  }
+  return 0;
+}
