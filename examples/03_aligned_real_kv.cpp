@@ -152,16 +152,15 @@ int main(int argc, char** argv) {
           for (int u = 0; u < len; ++u) z += (pd[std::size_t(h) * len + u] = std::exp(pd[std::size_t(h) * len + u] - m));
           for (int u = 0; u < len; ++u) p[std::size_t(h) * len + u] = float(pd[std::size_t(h) * len + u] /= z);
         }
-        std::array<int, 64> refs{}, cand{};
-        for (int h = 0; h < g; ++h) {
-          const int nc = Loader::top_candidates(p.data() + std::size_t(h) * len, len, cand.data());
-          std::vector<float> est(std::size_t(d), 0.0f);
-          for (int j = 0; j < nc; ++j)
-            for (int c = 0; c < d; ++c)
-              est[std::size_t(c)] += p[std::size_t(h) * len + cand[std::size_t(j)]] *
-                                     std::fabs(trunc(vf[(std::size_t(cand[std::size_t(j)]) * H + kh) * d + c], 8));
-          refs[std::size_t(h)] = Loader::value_reference(est.data(), d, sm.vmax.data());
-        }
+        std::array<int, 64> refs{};
+        std::vector<float> est(static_cast<std::size_t>(d));
+        for (int h = 0; h < g; ++h)
+          refs[std::size_t(h)] = Loader::estimate_reference(
+              p.data() + std::size_t(h) * len, len, d, sm.vmax.data(),
+              [&](int u, int c) {
+                return kvc::aligned::truncate(kvc::half_t::from_float(vf[(std::size_t(u) * H + kh) * d + c]).bits, 8);
+              },
+              est.data());
         for (int h = 0; h < g; ++h) {
           std::vector<double> o(std::size_t(d), 0.0), o_tr(std::size_t(d), 0.0);
           for (int u = 0; u < len; ++u) {

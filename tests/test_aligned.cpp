@@ -80,17 +80,11 @@ std::vector<float> oracle_truncated(const Cache& c, const std::vector<float>& q,
       }
       std::vector<float> pf(p.begin(), p.end());
       std::array<int, 64> ref{};
-      std::array<int, 64> cand{};
-      const auto& vmax = c.stream(0, s, kh).vmax;
-      for (int h = 0; h < g; ++h) {
-        const int nc = L::top_candidates(pf.data() + std::size_t(h) * T, T, cand.data());
-        std::vector<float> est(std::size_t(d), 0.0f);
-        for (int i = 0; i < nc; ++i)
-          for (int ch = 0; ch < d; ++ch)
-            est[std::size_t(ch)] += pf[std::size_t(h) * T + cand[std::size_t(i)]] *
-                                    std::fabs(h2f(kvc::aligned::truncate(f2h(v[(std::size_t(cand[std::size_t(i)]) * H + kh) * d + ch]), 8)));
-        ref[std::size_t(h)] = L::value_reference(est.data(), d, vmax.data());
-      }
+      std::vector<float> est(static_cast<std::size_t>(d));
+      for (int h = 0; h < g; ++h)
+        ref[std::size_t(h)] = L::estimate_reference(
+            pf.data() + std::size_t(h) * T, T, d, c.stream(0, s, kh).vmax.data(),
+            [&](int t, int ch) { return kvc::aligned::truncate(f2h(v[(std::size_t(t) * H + kh) * d + ch]), 8); }, est.data());
       for (int h = 0; h < g; ++h) {
         float* o = out.data() + (std::size_t(s) * Hq + std::size_t(kh) * g + h) * d;
         double* sl = slack.data() + (std::size_t(s) * Hq + std::size_t(kh) * g + h) * d;

@@ -29,7 +29,9 @@
 
 #include <kvc/config.hpp>
 #include <kvc/core/concepts.hpp>
+#include <kvc/core/numeric.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -167,6 +169,20 @@ struct AlignedLoader {
       tier = t > tier ? t : tier;
     }
     return tier;
+  }
+  /// Rule 2's reference of one query head from its probabilities p[0, T): the output estimate O_est[c] = sum over
+  /// the TopK candidates (top_candidates) of p_t |V_tc| read at tier 8, then value_reference. tier8_bits(t, c)
+  /// gives V_tc's fp16 bits at tier 8 (only its hi8 byte is read); est: [d] scratch. The kernels and the
+  /// measurements that model them call this one function.
+  template <class Tier8Bits>
+  KVC_HOST_DEVICE static int estimate_reference(const float* p, int T, int d, const std::uint8_t* vmax,
+                                                Tier8Bits&& tier8_bits, float* est) noexcept {
+    int cand[TopK];
+    const int k = top_candidates(p, T, cand);
+    for (int c = 0; c < d; ++c) est[c] = 0.0f;
+    for (int i = 0; i < k; ++i)
+      for (int c = 0; c < d; ++c) est[c] += p[cand[i]] * std::fabs(detail::half_bits_to_float(tier8_bits(cand[i], c)));
+    return value_reference(est, d, vmax);
   }
   /// The approximate top-k of SPEC §3.5 (A2): for each of the min(TopK, T) strided buckets {t : t mod TopK = j},
   /// the index of its largest p (the first on ties). cand: [min(TopK, T)]; returns their count.

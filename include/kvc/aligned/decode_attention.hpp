@@ -41,9 +41,9 @@ struct AlignedStream {
   const std::uint8_t* vmax;
   int d, g, T, blocks, block;
 };
-/// The scratch one stream needs, in floats: scores [g][T], output [g][d], estimate [d], references [g].
+/// The float scratch one stream needs: scores [g][T], output [g][d], the value estimate [d].
 inline std::size_t aligned_scratch_floats(int g, int T, int d) noexcept {
-  return std::size_t(g) * (std::size_t(T) + std::size_t(d) + 1) + std::size_t(d);
+  return std::size_t(g) * (std::size_t(T) + std::size_t(d)) + std::size_t(d);
 }
 }  // namespace kvc::detail
 
@@ -69,7 +69,7 @@ void decode_attention(const CompressedKVCache<AlignedLoader<KLo, KHi, VLo, VHi, 
   const int nseq = q.dim0, H = cfg.kv_heads, g = q.dim1 / H, d = cfg.head_dim;
   const float scale = detail::query_scale(opt, d);
   const int tmax = *std::max_element(lengths.begin(), lengths.begin() + nseq);
-  bool (*run)(const detail::AlignedStream&, const float*, const std::uint8_t*, float*, float*, aligned::ReadStats&) =
+  bool (*run)(const detail::AlignedStream&, const float*, const std::uint8_t*, float*, int*, float*, aligned::ReadStats&) =
       &detail::isa_portable::aligned_kernel::run_stream<Loader>;
 #if KVC_HAS_ISA_DISPATCH()
   if (isa == Isa::kAvx512) run = &detail::isa_avx512::aligned_kernel::run_stream<Loader>;
@@ -89,6 +89,7 @@ void decode_attention(const CompressedKVCache<AlignedLoader<KLo, KHi, VLo, VHi, 
     AlignedBuffer<float> scratch(detail::aligned_scratch_floats(g, tmax, d));
     std::vector<float> qraw(std::size_t(g) * d);
     std::vector<std::uint8_t> ktier(static_cast<std::size_t>(d));
+    std::vector<int> refs(static_cast<std::size_t>(g));  // Rule 2's reference per query head
 #if KVC_HAS_OPENMP()
 #  pragma omp for schedule(dynamic, 1)
 #endif
@@ -102,7 +103,7 @@ void decode_attention(const CompressedKVCache<AlignedLoader<KLo, KHi, VLo, VHi, 
           st.kst.data(), st.vst.data(), st.vmax.data(), d, g, lengths[std::size_t(s)], st.blocks(d), Block};
       const std::size_t q0 = (std::size_t(s) * q.dim1 + std::size_t(kh) * g) * d;
       const detail::FlushDenormals ftz;  // probabilities far below the max underflow (see decode_attention.hpp)
-      finite[std::size_t(i)] = run(view, qs.data() + q0, ktier.data(), scratch.data(), result.data() + q0,
+      finite[std::size_t(i)] = run(view, qs.data() + q0, ktier.data(), scratch.data(), refs.data(), result.data() + q0,
                                    read[std::size_t(i)]);
     }
   }

@@ -127,13 +127,12 @@ inline void with_heads(int k, Fn&& f) {
 /// Attention of one stream: q [g][d] scaled by scale * log2(e), ktier [d] the key tiers (Rule 1), out [g][d].
 /// Returns false when a score or the softmax sum is not finite. Adds what it read to `stats`.
 template <class Loader>
-bool run_stream(const StreamView& v, const float* q, const std::uint8_t* ktier, float* scratch, float* out,
+bool run_stream(const StreamView& v, const float* q, const std::uint8_t* ktier, float* scratch, int* ref, float* out,
                 ::kvc::aligned::ReadStats& stats) noexcept {
   const int d = v.d, g = v.g, T = v.T, B = v.block, full = v.blocks * B, staged = T - full;
   float* s = scratch;                            // [g][T]
   float* o = s + std::size_t(g) * T;             // [g][d]
   float* est = o + std::size_t(g) * d;           // [d]
-  int* ref = reinterpret_cast<int*>(est + d);    // [g]
   // 1. scores
   for (int b = 0; b < v.blocks; ++b)
     for (int h0 = 0; h0 < g; h0 += 4)
@@ -172,21 +171,15 @@ bool run_stream(const StreamView& v, const float* q, const std::uint8_t* ktier, 
     for (int t = tv; t < T; ++t) sh[t] *= 1.0f / sum;
   }
   // 3. values: Rule 2's reference per head from its candidates' hi8 rows, then every row at its tier
-  int cand[Loader::kTopK];
   for (int h = 0; h < g; ++h) {
-    const float* ph = s + std::size_t(h) * T;
-    const int k = Loader::top_candidates(ph, T, cand);
-    std::fill_n(est, d, 0.0f);
-    for (int i = 0; i < k; ++i) {
-      const int t = cand[i];
-      for (int c = 0; c < d; ++c) {
-        const std::uint16_t bits = t < full ? ::kvc::aligned::assemble(v.vhi[std::size_t(t) * d + c], 0, 0, 8)
-                                            : ::kvc::aligned::truncate(v.vst[std::size_t(t - full) * d + c].bits, 8);
-        est[c] += ph[t] * std::fabs(half_bits_to_float(bits));
-      }
-    }
-    ref[h] = Loader::value_reference(est, d, v.vmax);
-    stats.estimate_bytes += std::size_t(k) * d;
+    ref[h] = Loader::estimate_reference(
+        s + std::size_t(h) * T, T, d, v.vmax,
+        [&](int t, int c) {
+          return t < full ? ::kvc::aligned::assemble(v.vhi[std::size_t(t) * d + c], 0, 0, 8)
+                          : ::kvc::aligned::truncate(v.vst[std::size_t(t - full) * d + c].bits, 8);
+        },
+        est);
+    stats.estimate_bytes += std::size_t(std::min(Loader::kTopK, T)) * d;
   }
   std::fill_n(o, std::size_t(g) * d, 0.0f);
   // rows in tiles of kTile: per 16 channels the heads' outputs stay in registers over the tile's rows
