@@ -229,6 +229,36 @@ TEST(AlignedRules, ValueTiersByHand) {
   EXPECT_EQ(Loader::value_tier(p2, 1, 2, refs), 16);
 }
 
+// The kernels decide value tiers by multiplying with value_scale: the same tiers as value_tier, for
+// probabilities at and around every binade boundary, zero and float subnormals, and references far out.
+TEST(AlignedRules, ValueScaleGivesValueTier) {
+  using Tight = kvc::AlignedLoader<4, 8, 1, 3>;
+  using Loose = kvc::AlignedLoader<4, 8, 0, 99>;
+  std::vector<float> ps = {0.0f, 1.0f, 1e-45f, 1e-40f, std::numeric_limits<float>::min()};
+  for (int e = -149; e <= 0; ++e) {
+    const float x = std::ldexp(1.0f, e);
+    ps.insert(ps.end(), {x, std::nextafter(x, 0.0f), std::nextafter(x, 2.0f), 1.5f * x});
+  }
+  auto check = [&]<class L>(L) {
+    for (int r0 : {-300, -160, -140, -126, -60, -39, -24, -10, 0, 5, 40, 140, 300})
+      for (int r1 : {-200, -24, 3, 200}) {
+        const int ref[2] = {r0, r1};
+        const float lo[2] = {L::value_scale(r0, L::kValueLo), L::value_scale(r1, L::kValueLo)};
+        const float hi[2] = {L::value_scale(r0, L::kValueHi), L::value_scale(r1, L::kValueHi)};
+        for (float p0 : ps)
+          for (std::size_t j = 0; j < ps.size(); j += 7) {
+            const float p[2] = {p0 > 1.0f ? 1.0f : p0, ps[j] > 1.0f ? 1.0f : ps[j]};
+            const float mlo = std::max(p[0] * lo[0], p[1] * lo[1]), mhi = std::max(p[0] * hi[0], p[1] * hi[1]);
+            const int fast = mlo >= 1.0f ? 16 : mhi >= 1.0f ? 12 : 8;
+            ASSERT_EQ(fast, L::value_tier(p, 1, 2, ref)) << "p " << p[0] << ", " << p[1] << " ref " << r0 << ", " << r1;
+          }
+      }
+  };
+  check(Loader{});
+  check(Tight{});
+  check(Loose{});
+}
+
 TEST(AlignedRules, TopCandidatesAreTheStridedBucketsArgmax) {
   using L = kvc::AlignedLoader<4, 8, 4, 8, 4>;
   std::vector<float> p = {0.1f, 0.5f, 0.2f, 0.0f, 0.3f, 0.1f, 0.2f, 0.9f, 0.3f, 0.0f};
@@ -357,33 +387,43 @@ TEST(AlignedAttention, AllTiersSixteenIsTheFp16Attention) {
   }
 }
 
+/// Key tiers only, against the oracle on the truncated keys: d, GQA ratio g, ragged lengths across blocks.
+template <class Cache>
+void check_key_tiers(kvc::Isa isa, int d, int g) {
+  kvc_test::GenOptions gen;
+  gen.outlier_channels = 6;  // channels of very different magnitude: all three key tiers occur
+  gen.outlier_scale = 60.0f;
+  const KV x = kvc_test::random_kv(300, 2, d, 200 + d + g, gen);
+  const std::vector<int> len = {300, 129, 64};
+  const auto c = make_cache<Cache>(x, 300, len);
+  const int Hq = 2 * g, nseq = 3;
+  auto q = kvc_test::random_query(nseq, Hq, d, 9 + g);
+  for (std::size_t i = 0; i < q.size(); i += 5) q[i] *= 1e-3f;  // small query channels: lower tiers
+  kvc::aligned::ReadStats st;
+  const auto got = attend(c, q, nseq, Hq, &st);
+  std::vector<double> slack;
+  const auto want = oracle_truncated<typename Cache::loader>(c, q, nseq, Hq, slack);
+  const double tol = 1e-5 * (max_abs(want) + 1.0);
+  for (std::size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], tol) << kvc::isa_name(isa) << " d " << d << " g " << g << " block " << Cache::kBlockTokens
+                                      << " element " << i;
+  EXPECT_GT(st.key_tiers[0], 0u);
+  EXPECT_GT(st.key_tiers[1], 0u);
+  EXPECT_GT(st.key_tiers[2], 0u);
+  // bytes: hi8 of every block element, half a byte more per nibble plane read
+  const std::size_t kb = (st.key_tiers[0] + st.key_tiers[1] + st.key_tiers[2]) + (st.key_tiers[1] + 2 * st.key_tiers[2]) / 2;
+  EXPECT_EQ(st.key_bytes, kb);
+}
+
 TEST(AlignedAttention, KeyTiersMatchTheOracleOnTruncatedKeys) {
   KVC_FOR_EACH_ISA(isa) {
     for (int d : {64, 80, 128})
-      for (int g : {1, 4}) {
-        kvc_test::GenOptions gen;
-        gen.outlier_channels = 6;  // channels of very different magnitude: all three key tiers occur
-        gen.outlier_scale = 60.0f;
-        const KV x = kvc_test::random_kv(300, 2, d, 200 + d + g, gen);
-        const std::vector<int> len = {300, 129, 64};
-        const auto c = make_cache<KeyTiersOnly>(x, 300, len);
-        const int Hq = 2 * g, nseq = 3;
-        auto q = kvc_test::random_query(nseq, Hq, d, 9 + g);
-        for (std::size_t i = 0; i < q.size(); i += 5) q[i] *= 1e-3f;  // small query channels: lower tiers
-        kvc::aligned::ReadStats st;
-        const auto got = attend(c, q, nseq, Hq, &st);
-        std::vector<double> slack;
-        const auto want = oracle_truncated<KeyTiersOnly::loader>(c, q, nseq, Hq, slack);
-        const double tol = 1e-5 * (max_abs(want) + 1.0);
-        for (std::size_t i = 0; i < got.size(); ++i)
-          ASSERT_NEAR(got[i], want[i], tol) << kvc::isa_name(isa) << " d " << d << " g " << g << " element " << i;
-        EXPECT_GT(st.key_tiers[0], 0u);
-        EXPECT_GT(st.key_tiers[1], 0u);
-        EXPECT_GT(st.key_tiers[2], 0u);
-        // bytes: hi8 of every block element, half a byte more per nibble plane read
-        const std::size_t kb = (st.key_tiers[0] + st.key_tiers[1] + st.key_tiers[2]) + (st.key_tiers[1] + 2 * st.key_tiers[2]) / 2;
-        EXPECT_EQ(st.key_bytes, kb);
-      }
+      for (int g : {1, 4}) check_key_tiers<KeyTiersOnly>(isa, d, g);
+    // blocks of 48 and 16 tokens: the kernels' token tiles do not divide them (AVX-512's half assembly)
+    for (int g : {1, 3}) {
+      check_key_tiers<kvc::CompressedKVCache<kvc::AlignedLoader<4, 8, 99, 99, 32, 48>>>(isa, 80, g);
+      check_key_tiers<kvc::CompressedKVCache<kvc::AlignedLoader<4, 8, 99, 99, 32, 16>>>(isa, 64, g);
+    }
   }
 }
 

@@ -17,6 +17,14 @@
 #  define KVC_HOST_DEVICE inline
 #endif
 #define KVC_HAS_CUDA_COMPILER() KVC_HAS_CUDA_COMPILER_
+/// Host kernels' inner loops that must be inlined for their register tiles to stay in registers.
+#if defined(__GNUC__) || defined(__clang__)
+#  define KVC_ALWAYS_INLINE inline __attribute__((always_inline))
+#elif defined(_MSC_VER)
+#  define KVC_ALWAYS_INLINE __forceinline
+#else
+#  define KVC_ALWAYS_INLINE inline
+#endif
 /// Before a host+device function template that calls a callable it is given: nvcc then accepts host-only
 /// callables (lambdas of host code) in its host instantiations without a warning (CUTLASS does the same).
 #if defined(__CUDACC__) && !defined(__clang__)

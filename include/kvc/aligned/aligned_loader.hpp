@@ -170,6 +170,19 @@ struct AlignedLoader {
     }
     return tier;
   }
+  /// value_tier as multiplications (what the kernels vectorise): with m_X = max over heads h of p_h *
+  /// value_scale(ref[h], VX), value_tier == (m_Lo >= 1 ? 16 : m_Hi >= 1 ? 12 : 8) for probabilities p in [0, 1].
+  /// value_scale(ref, lo) = 2^-x, x = ref - lo + 1 the lowest binade of p that needs more than that threshold's
+  /// tier (binade(p) >= x <=> p >= 2^x for normal p); x <= -126: 2^126 (every normal p qualifies, zero and float
+  /// subnormals, binade kNoBinade, never do); x >= 127: 0 (no p <= 1 qualifies). Exact: scaling by 2^k is.
+  KVC_HOST_DEVICE static float value_scale(int ref, int lo) noexcept {
+    const int x = ref - lo + 1;
+    if (x >= 127) return 0.0f;
+    const std::uint32_t u = std::uint32_t(127 - (x < -126 ? -126 : x)) << 23;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
   /// Rule 2's reference of one query head from its probabilities p[0, T): the output estimate O_est[c] = sum over
   /// the TopK candidates (top_candidates) of p_t |V_tc| read at tier 8, then value_reference. tier8_bits(t, c)
   /// gives V_tc's fp16 bits at tier 8 (only its hi8 byte is read); est: [d] scratch. The kernels and the

@@ -41,10 +41,20 @@ struct AlignedStream {
   const std::uint8_t* vmax;
   int d, g, T, blocks, block;
 };
-/// The float scratch one stream needs: scores [g][T], output [g][d], the value estimate [d].
+/// Value rows per tile of the kernel's second pass (their planes stay in L1 while every channel chunk reads them).
+inline constexpr int kAlignedTileRows = 32;
+/// A stream's per-head strides in the kernel's scratch: channels rounded up to 32 (one AVX-512 assembly), tokens
+/// to 16 (one AVX-512 vector).
+inline int aligned_padded_dim(int d) noexcept { return (d + 31) / 32 * 32; }
+inline std::size_t aligned_padded_tokens(int T) noexcept { return (std::size_t(T) + 15) / 16 * 16; }
+/// The float scratch one stream needs: scores [g][T'], outputs [g][d'], the value estimate [d], the value scales
+/// [2][g], the value tiers as bytes [T].
 inline std::size_t aligned_scratch_floats(int g, int T, int d) noexcept {
-  return std::size_t(g) * (std::size_t(T) + std::size_t(d)) + std::size_t(d);
+  return std::size_t(g) * (aligned_padded_tokens(T) + std::size_t(aligned_padded_dim(d))) + std::size_t(d) +
+         2 * std::size_t(g) + (std::size_t(T) + 3) / 4;
 }
+/// The int scratch: Rule 2's references [g], a tile's rows by tier [3][tile].
+inline std::size_t aligned_scratch_ints(int g) noexcept { return std::size_t(g) + 3 * std::size_t(kAlignedTileRows); }
 }  // namespace kvc::detail
 
 KVC_SUPPRESS_INTRINSIC_WARNINGS_BEGIN
@@ -89,7 +99,7 @@ void decode_attention(const CompressedKVCache<AlignedLoader<KLo, KHi, VLo, VHi, 
     AlignedBuffer<float> scratch(detail::aligned_scratch_floats(g, tmax, d));
     std::vector<float> qraw(std::size_t(g) * d);
     std::vector<std::uint8_t> ktier(static_cast<std::size_t>(d));
-    std::vector<int> refs(static_cast<std::size_t>(g));  // Rule 2's reference per query head
+    std::vector<int> ints(detail::aligned_scratch_ints(g));
 #if KVC_HAS_OPENMP()
 #  pragma omp for schedule(dynamic, 1)
 #endif
@@ -103,7 +113,7 @@ void decode_attention(const CompressedKVCache<AlignedLoader<KLo, KHi, VLo, VHi, 
           st.kst.data(), st.vst.data(), st.vmax.data(), d, g, lengths[std::size_t(s)], st.blocks(d), Block};
       const std::size_t q0 = (std::size_t(s) * q.dim1 + std::size_t(kh) * g) * d;
       const detail::FlushDenormals ftz;  // probabilities far below the max underflow (see decode_attention.hpp)
-      finite[std::size_t(i)] = run(view, qs.data() + q0, ktier.data(), scratch.data(), refs.data(), result.data() + q0,
+      finite[std::size_t(i)] = run(view, qs.data() + q0, ktier.data(), scratch.data(), ints.data(), result.data() + q0,
                                    read[std::size_t(i)]);
     }
   }
