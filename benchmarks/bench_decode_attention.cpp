@@ -1,5 +1,7 @@
 // One binary for the bandwidth limit and the kernels, so every ratio comes from one run.
 //   BM_MemoryRead                        plain multi-threaded read of a 1 GiB buffer (the limit)
+//   BM_MemoryReadRuns/run:<b>/kept:<%>   the same buffer in runs of b bytes, a random kept % of them read: what
+//                                        skipping saves on this memory system (AlignedKV's partial loads)
 //   BM_DecodeAttention/<scheme>/T:<n>    fused decode attention, 8 KV heads, GQA 4, head dim 128,
 //                                        batch 1; caches flushed before every iteration; <scheme>-exact:
 //                                        Precision::kExact (float dot products over the codes)
@@ -87,6 +89,44 @@ void BM_MemoryRead(benchmark::State& state) {
 }
 KVC_SUPPRESS_INTRINSIC_WARNINGS_END
 BENCHMARK(BM_MemoryRead)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+/// What skipping saves: the same 1 GiB buffer, read in runs of `run` bytes of which a random kept % are read
+/// (an index list, no branches), the rest skipped. Compare its time with BM_MemoryRead's (every run read): a
+/// partial-load scheme (AlignedKV) gains only where skipping runs of its size saves time on this memory system.
+void BM_MemoryReadRuns(benchmark::State& state) {
+  const std::size_t run = std::size_t(state.range(0)), n = kFlushBytes / sizeof(float), per = run / sizeof(float);
+  kvc::AlignedBuffer<float> buf(n);
+  for (std::size_t i = 0; i < n; ++i) buf[i] = static_cast<float>(i & 1023);
+  std::vector<std::uint32_t> runs;
+  std::mt19937 rng(7);
+  for (std::size_t r = 0; r < n / per; ++r)
+    if (rng() % 100 < std::uint32_t(state.range(1))) runs.push_back(std::uint32_t(r));
+  const auto count = static_cast<std::ptrdiff_t>(runs.size());
+  for (auto _ : state) {
+    float total = 0.0f;
+#pragma omp parallel reduction(+ : total)
+    {
+      float acc[16] = {};
+#pragma omp for schedule(static)
+      for (std::ptrdiff_t k = 0; k < count; ++k) {
+        const float* p = buf.data() + std::size_t(runs[std::size_t(k)]) * per;
+        for (std::size_t i = 0; i < per; i += 16)
+#pragma omp simd
+          for (int j = 0; j < 16; ++j) acc[j] += p[i + j];
+      }
+      for (float x : acc) total += x;
+    }
+    benchmark::DoNotOptimize(total);
+  }
+  state.counters["bytes_per_second"] = benchmark::Counter(
+      static_cast<double>(runs.size() * run) * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["kept"] = static_cast<double>(runs.size() * run) / static_cast<double>(kFlushBytes);
+}
+BENCHMARK(BM_MemoryReadRuns)
+    ->ArgNames({"run", "kept"})
+    ->ArgsProduct({{64, 256, 1024, 4096, 16384, 65536}, {50, 75, 100}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 /// Keys with realistic structure: per-channel offsets and a few large outlier channels.
 std::vector<float> make_kv(int tokens, bool keys, unsigned seed) {
