@@ -7,6 +7,8 @@
 //       (attention + width update, a new query each step); bytes_per_second = stored bytes per second
 //   BM_CudaCopy/bytes:<n>  cudaMemcpyAsync device to device: bytes_per_second = n read + n written per
 //       second (the bandwidth limit; read_per_second is half of it)
+//   BM_CudaDecodeAttention/aligned_fp16{,_tier16}/T:<tokens>/B:<batch>/G:<gqa>  AlignedKV's attention over fp16 bit
+//       planes (fp32 queries); bytes_per_second = the bytes actually read (aligned::ReadStats), fp16_MB what fp16 reads
 // Timing: CUDA events around each call (UseManualTime). Which GPU: printed at start.
 #include <kvc/cuda/kvc_cuda.cuh>
 #include <kvc/schemes.hpp>
@@ -207,6 +209,50 @@ void qaq_row(benchmark::State& state, int T, int batch, int gqa, bool step) {
   state.counters["value_bits"] = f.cache->average_width(1);
 }
 
+/// AlignedKV (AlignedLoader<>, and every tier forced to 16): filled with the other rows' chunks (appended on the
+/// device from host memory), fp32 queries;
+/// bytes_per_second = the bytes the kernel actually read (its aligned::ReadStats, taken on the warm-up call).
+template <class L>
+void aligned_row(benchmark::State& state, int T, int batch, int gqa) {
+  using Dev = kvc::cuda::DeviceAlignedCache<L>;
+  static std::unique_ptr<Dev> cache;
+  static int key_t = -1, key_b = -1;
+  if (!cache || key_t != T || key_b != batch) {
+    cache.reset();
+    cache = std::make_unique<Dev>(kvc::CacheConfig{1, batch, kKvHeads, kHeadDim, T});
+    std::vector<float> k, v;
+    fill_chunk(k, v);
+    for (int s = 0; s < batch; ++s)
+      for (int t = 0; t < T; t += kChunk) {  // append reads host memory
+        const int n = T - t < kChunk ? T - t : kChunk;
+        cache->append(0, s, kvc::KVView::contiguous(k.data(), n, kKvHeads, kHeadDim),
+                      kvc::KVView::contiguous(v.data(), n, kKvHeads, kHeadDim));
+      }
+    kvc::cuda::check(cudaDeviceSynchronize(), "fill");
+    key_t = T, key_b = batch;
+  }
+  const int H = kKvHeads * gqa;
+  const std::size_t nq = std::size_t(batch) * H * kHeadDim;
+  std::vector<float> q(nq);
+  std::mt19937_64 rng(2);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  for (auto& x : q) x = n01(rng);
+  kvc::cuda::DeviceBuffer<float> dq(nq), dout(nq);
+  kvc::cuda::check(cudaMemcpy(dq.data(), q.data(), nq * 4, cudaMemcpyHostToDevice), "query");
+  kvc::aligned::ReadStats st;
+  kvc::cuda::decode_attention<kHeadDim>(*cache, 0, batch, H, dq.data(), dout.data(), {}, &st);  // warm-up, statistics
+  EventTimer timer;
+  for (auto _ : state) {
+    timer.start();
+    kvc::cuda::decode_attention<kHeadDim>(*cache, 0, batch, H, dq.data(), dout.data());
+    state.SetIterationTime(timer.stop_seconds());
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(double(st.total_bytes()) * double(state.iterations())));
+  state.counters["read_MB"] = double(st.total_bytes()) / 1e6;
+  state.counters["average_bits"] = st.average_bits();
+  state.counters["fp16_MB"] = 2.0 * 2.0 * double(T) * batch * kKvHeads * kHeadDim / 1e6;
+}
+
 template <class Host>
 void register_scheme(const char* name, std::vector<int> tokens, std::vector<int> batches) {
   for (int T : tokens)
@@ -250,6 +296,20 @@ int main(int argc, char** argv) {
   // GEAR's device append fits one rank-1 residual per block through cuBLAS/cuSOLVER: built for the
   // shorter shapes only.
   register_scheme<kvc::schemes::GearKivi2>("gear_kivi2", {4096, 32768}, {1});
+  // AlignedKV: fp16 bit planes read at the tiers its rules choose, and every tier 16 (beside fp16's rows).
+  for (int Ta : {4096, 32768})
+    for (int Ba : {1, 16})
+      for (int Ga : {1, 4})
+        for (int forced = 0; forced < 2; ++forced) {
+          const std::string row = std::string("BM_CudaDecodeAttention/") + (forced ? "aligned_fp16_tier16" : "aligned_fp16") +
+                                  "/T:" + std::to_string(Ta) + "/B:" + std::to_string(Ba) + "/G:" + std::to_string(Ga);
+          auto fn = forced ? [](benchmark::State& st, int a, int b, int c) { aligned_row<kvc::AlignedLoader<99, 99, 99, 99>>(st, a, b, c); }
+                           : [](benchmark::State& st, int a, int b, int c) { aligned_row<kvc::AlignedLoader<>>(st, a, b, c); };
+          benchmark::RegisterBenchmark(row.c_str(), [=](benchmark::State& s) { fn(s, Ta, Ba, Ga); })
+              ->UseManualTime()
+              ->Unit(benchmark::kMicrosecond)
+              ->MinTime(0.2);
+        }
   // QAQ at ~3 average code bits per side: decode attention alone, and whole steps (attention + width update).
   for (int Tq : {4096, 32768})
     for (int Bq : {1, 16})

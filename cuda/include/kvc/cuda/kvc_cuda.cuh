@@ -4,6 +4,7 @@
 /// files compiled by nvcc.
 #pragma once
 
+#include <kvc/cuda/aligned/decode_attention.cuh>
 #include <kvc/cuda/decode_attention.cuh>
 #include <kvc/cuda/device_kv_cache.cuh>
 #include <kvc/cuda/linalg.cuh>
