@@ -58,6 +58,13 @@ void fill_chunk(std::vector<float>& k, std::vector<float>& v) {
   }
 }
 
+/// f(seq, n) for the chunks of n <= kChunk tokens that fill `batch` sequences of T tokens, in order.
+template <class F>
+void for_chunks(int T, int batch, F&& f) {
+  for (int s = 0; s < batch; ++s)
+    for (int t = 0; t < T; t += kChunk) f(s, T - t < kChunk ? T - t : kChunk);
+}
+
 /// A device fp16 N(0, 1) query of n elements.
 kvc::cuda::DeviceBuffer<kvc::half_t> device_query(std::size_t n, std::uint64_t seed = 2) {
   std::vector<kvc::half_t> q(n);
@@ -85,12 +92,10 @@ struct Filled {
       kvc::cuda::DeviceBuffer<float> dk(k.size()), dv(v.size());
       kvc::cuda::check(cudaMemcpy(dk.data(), k.data(), k.size() * 4, cudaMemcpyHostToDevice), "fill");
       kvc::cuda::check(cudaMemcpy(dv.data(), v.data(), v.size() * 4, cudaMemcpyHostToDevice), "fill");
-      for (int s = 0; s < batch; ++s)
-        for (int t = 0; t < T; t += kChunk) {
-          const int n = T - t < kChunk ? T - t : kChunk;
-          cache->append_device(0, s, kvc::KVView::contiguous(dk.data(), n, kKvHeads, kHeadDim),
-                               kvc::KVView::contiguous(dv.data(), n, kKvHeads, kHeadDim));
-        }
+      for_chunks(T, batch, [&](int s, int n) {
+        cache->append_device(0, s, kvc::KVView::contiguous(dk.data(), n, kKvHeads, kHeadDim),
+                             kvc::KVView::contiguous(dv.data(), n, kKvHeads, kHeadDim));
+      });
       kvc::cuda::check(cudaDeviceSynchronize(), "fill");
       key_t = T;
       key_b = batch;
@@ -222,12 +227,10 @@ void aligned_row(benchmark::State& state, int T, int batch, int gqa) {
     cache = std::make_unique<Dev>(kvc::CacheConfig{1, batch, kKvHeads, kHeadDim, T});
     std::vector<float> k, v;
     fill_chunk(k, v);
-    for (int s = 0; s < batch; ++s)
-      for (int t = 0; t < T; t += kChunk) {  // append reads host memory
-        const int n = T - t < kChunk ? T - t : kChunk;
-        cache->append(0, s, kvc::KVView::contiguous(k.data(), n, kKvHeads, kHeadDim),
-                      kvc::KVView::contiguous(v.data(), n, kKvHeads, kHeadDim));
-      }
+    for_chunks(T, batch, [&](int s, int n) {  // append reads host memory
+      cache->append(0, s, kvc::KVView::contiguous(k.data(), n, kKvHeads, kHeadDim),
+                    kvc::KVView::contiguous(v.data(), n, kKvHeads, kHeadDim));
+    });
     kvc::cuda::check(cudaDeviceSynchronize(), "fill");
     key_t = T, key_b = batch;
   }

@@ -21,6 +21,18 @@
 
 namespace kvc_cuda_test {
 
+/// The code of the kvc::Error f throws (the test fails when it throws none).
+template <class F>
+kvc::Errc error_of(F&& f) {
+  try {
+    f();
+  } catch (const kvc::Error& e) {
+    return e.code();
+  }
+  ADD_FAILURE() << "no kvc::Error thrown";
+  return kvc::Errc::kCuda;
+}
+
 /// A device copy of a host vector.
 template <class T>
 struct DeviceArray {

@@ -294,17 +294,7 @@ TEST_P(DeviceAligned, DefaultTiersMatchTheHost) {
 INSTANTIATE_TEST_SUITE_P(Shapes, DeviceAligned,
                          ::testing::Values(Shape{64, 1}, Shape{64, 4}, Shape{128, 1}, Shape{128, 4}));
 
-// The code of the kvc::Error f throws (the test fails when it throws none).
-template <class F>
-kvc::Errc error_of(F&& f) {
-  try {
-    f();
-  } catch (const kvc::Error& e) {
-    return e.code();
-  }
-  ADD_FAILURE() << "no kvc::Error thrown";
-  return kvc::Errc::kCuda;
-}
+using kvc_cuda_test::error_of;
 
 TEST(DeviceAlignedErrors, BadInputThrowsAndChangesNothing) {
   KVC_REQUIRE_GPU();

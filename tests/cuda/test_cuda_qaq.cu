@@ -148,17 +148,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DeviceQaq,
                                            Shape{128, 2, 8, kvc::cuda::MirrorPlace::kHost},
                                            Shape{128, 3, 9, kvc::cuda::MirrorPlace::kDevice}));
 
-// The code of the kvc::Error f throws (the test fails when it throws none).
-template <class F>
-kvc::Errc error_of(F&& f) {
-  try {
-    f();
-  } catch (const kvc::Error& e) {
-    return e.code();
-  }
-  ADD_FAILURE() << "no kvc::Error thrown";
-  return kvc::Errc::kCuda;
-}
+using kvc_cuda_test::error_of;
 
 TEST(DeviceQaqErrors, BadInputThrowsTheHostErrorAndChangesNothing) {
   KVC_REQUIRE_GPU();

@@ -58,6 +58,22 @@ void launch_decode(const typename Layout::Params& p, int max_blocks, int nseq, i
       plan.splits, ml.data(), acc.data(), out);
   check_launch("decode_merge_kernel");
 }
+/// The argument checks every device decode_attention makes first (kvc::Error kInvalidArgument naming the
+/// problem): the kernel's head dimension D against the cache's, nseq in [1, batch], query_heads a positive multiple
+/// of kv_heads, the pointers (`pointers_ok`, described by `pointers`), DecodeOptions.
+inline void check_decode_call(int head_dim, int D, int batch, int kv_heads, int nseq, int query_heads, bool pointers_ok,
+                              const char* pointers, const DecodeOptions& opt) {
+  KVC_CHECK(head_dim == D, Errc::kInvalidArgument, "cache head_dim ", head_dim, " != kernel head_dim ", D);
+  KVC_CHECK(nseq >= 1 && nseq <= batch, Errc::kInvalidArgument, "query holds ", nseq, " sequences; the cache has ", batch);
+  KVC_CHECK(query_heads >= kv_heads && query_heads % kv_heads == 0, Errc::kInvalidArgument, "query heads ", query_heads,
+            " are not a positive multiple of the cache's ", kv_heads, " KV heads");
+  KVC_CHECK(pointers_ok, Errc::kInvalidArgument, "null ", pointers);
+  KVC_CHECK(std::isfinite(opt.scale) && opt.scale >= 0.0f, Errc::kInvalidArgument, "DecodeOptions::scale ", opt.scale,
+            " is not a finite value >= 0 (0 means 1/sqrt(head_dim))");
+  KVC_CHECK(opt.min_blocks_per_split >= 1 && opt.target_ctas >= 0, Errc::kInvalidArgument,
+            "DecodeOptions::min_blocks_per_split must be >= 1 and target_ctas >= 0 (got ", opt.min_blocks_per_split,
+            ", ", opt.target_ctas, ")");
+}
 }  // namespace detail
 
 /// Decode attention over one layer's Params with head dimension D (= p.head_dim).
@@ -68,18 +84,8 @@ void launch_decode(const typename Layout::Params& p, int max_blocks, int nseq, i
 template <class Layout, int D, class QT>
 void decode_attention(const typename Layout::Params& p, const int* host_lengths, int nseq, int query_heads, const QT* q,
                       QT* out, const DecodeOptions& opt = {}, cudaStream_t stream = nullptr) {
-  KVC_CHECK(p.head_dim == D, Errc::kInvalidArgument, "cache head_dim ", p.head_dim, " != kernel head_dim ", D);
-  KVC_CHECK(nseq >= 1 && nseq <= p.batch, Errc::kInvalidArgument, "query holds ", nseq, " sequences; the cache has ",
-            p.batch);
-  KVC_CHECK(query_heads >= p.kv_heads && query_heads % p.kv_heads == 0, Errc::kInvalidArgument, "query heads ",
-            query_heads, " are not a positive multiple of the cache's ", p.kv_heads, " KV heads");
-  KVC_CHECK(q != nullptr && out != nullptr && host_lengths != nullptr, Errc::kInvalidArgument,
-            "null query, output or lengths");
-  KVC_CHECK(std::isfinite(opt.scale) && opt.scale >= 0.0f, Errc::kInvalidArgument, "DecodeOptions::scale ", opt.scale,
-            " is not a finite value >= 0 (0 means 1/sqrt(head_dim))");
-  KVC_CHECK(opt.min_blocks_per_split >= 1 && opt.target_ctas >= 0, Errc::kInvalidArgument,
-            "DecodeOptions::min_blocks_per_split must be >= 1 and target_ctas >= 0 (got ", opt.min_blocks_per_split,
-            ", ", opt.target_ctas, ")");
+  detail::check_decode_call(p.head_dim, D, p.batch, p.kv_heads, nseq, query_heads,
+                            q != nullptr && out != nullptr && host_lengths != nullptr, "query, output or lengths", opt);
   int max_blocks = 0;
   for (int s = 0; s < nseq; ++s) {
     KVC_CHECK(host_lengths[s] > 0, Errc::kInvalidArgument, "sequence ", s, " is empty: nothing to attend to");

@@ -72,16 +72,8 @@ void decode_attention(const DeviceAlignedCache<L>& cache, int layer, int nseq, i
                       float* out, const DecodeOptions& opt = {}, aligned::ReadStats* stats = nullptr,
                       cudaStream_t stream = nullptr) {
   const CacheConfig& cfg = cache.config();
-  KVC_CHECK(cfg.head_dim == D, Errc::kInvalidArgument, "cache head_dim ", cfg.head_dim, " != kernel head_dim ", D);
-  KVC_CHECK(nseq >= 1 && nseq <= cfg.batch, Errc::kInvalidArgument, "query holds ", nseq, " sequences; the cache has ",
-            cfg.batch);
-  KVC_CHECK(query_heads >= cfg.kv_heads && query_heads % cfg.kv_heads == 0, Errc::kInvalidArgument, "query heads ",
-            query_heads, " are not a positive multiple of the cache's ", cfg.kv_heads, " KV heads");
-  KVC_CHECK(q != nullptr && out != nullptr, Errc::kInvalidArgument, "null query or output");
-  KVC_CHECK(std::isfinite(opt.scale) && opt.scale >= 0.0f, Errc::kInvalidArgument, "DecodeOptions::scale ", opt.scale,
-            " is not a finite value >= 0 (0 means 1/sqrt(head_dim))");
-  KVC_CHECK(opt.min_blocks_per_split >= 1 && opt.target_ctas >= 0, Errc::kInvalidArgument,
-            "DecodeOptions::min_blocks_per_split must be >= 1 and target_ctas >= 0");
+  detail::check_decode_call(cfg.head_dim, D, cfg.batch, cfg.kv_heads, nseq, query_heads, q != nullptr && out != nullptr,
+                            "query or output", opt);
   constexpr int B = L::kBlock;
   int longest = 0;
   aligned::ReadStats known;  // what the lengths alone decide: estimate, staging, metadata
