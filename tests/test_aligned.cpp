@@ -8,6 +8,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -273,6 +274,34 @@ TEST(AlignedRules, TopCandidatesAreTheStridedBucketsArgmax) {
 }
 
 // ------------------------------------------------------------------------------------------------ cache
+// The kernels' vectorised strided argmax is AlignedLoader::top_candidates exactly, ties included (the first
+// index of a bucket's maximum: underflowed probabilities tie at zero), for TopK a multiple of the vector width or not.
+template <class L>
+void check_top_candidates(kvc::Isa isa) {
+  int (*fn)(const float*, int, int*) = &kvc::detail::isa_portable::aligned_kernel::top_candidates<L>;
+#if KVC_HAS_ISA_DISPATCH()
+  if (isa == kvc::Isa::kAvx2) fn = &kvc::detail::isa_avx2::aligned_kernel::top_candidates<L>;
+  if (isa == kvc::Isa::kAvx512) fn = &kvc::detail::isa_avx512::aligned_kernel::top_candidates<L>;
+#endif
+  std::mt19937 rng(5);
+  for (int T : {1, 7, 31, 32, 63, 64, 65, 100, 129, 1000, 4099}) {
+    std::vector<float> p(std::size_t(T) + 16, 0.0f);
+    for (int t = 0; t < T; ++t) p[std::size_t(t)] = float(rng() % 4) * 0.25f;  // many exact ties, zeros among them
+    int want[L::kTopK], got[L::kTopK];
+    const int k = L::top_candidates(p.data(), T, want);
+    ASSERT_EQ(fn(p.data(), T, got), k) << kvc::isa_name(isa) << " T " << T;
+    for (int j = 0; j < k; ++j) ASSERT_EQ(got[j], want[j]) << kvc::isa_name(isa) << " T " << T << " bucket " << j;
+  }
+}
+
+TEST(AlignedRules, KernelTopCandidatesAreTheLoaders) {
+  KVC_FOR_EACH_ISA(isa) {
+    check_top_candidates<Loader>(isa);                                 // 32 buckets
+    check_top_candidates<kvc::AlignedLoader<4, 8, 4, 8, 48>>(isa);     // 48: a multiple of 16 and 8
+    check_top_candidates<kvc::AlignedLoader<4, 8, 4, 8, 20>>(isa);     // 20: scalar fallback
+  }
+}
+
 TEST(AlignedCache, HoldsTheFp16OfWhatWasAppendedAcrossBlockBoundaries) {
   for (int d : {64, 80}) {
     const KV x = kvc_test::random_kv(200, 2, d, 11);
