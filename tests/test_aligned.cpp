@@ -252,6 +252,7 @@ TEST(AlignedRules, ValueScaleGivesValueTier) {
             const float mlo = std::max(p[0] * lo[0], p[1] * lo[1]), mhi = std::max(p[0] * hi[0], p[1] * hi[1]);
             const int fast = mlo >= 1.0f ? 16 : mhi >= 1.0f ? 12 : 8;
             ASSERT_EQ(fast, L::value_tier(p, 1, 2, ref)) << "p " << p[0] << ", " << p[1] << " ref " << r0 << ", " << r1;
+            ASSERT_EQ(L::scaled_value_tier(mlo, mhi), fast) << "p " << p[0] << ", " << p[1];
           }
       }
   };

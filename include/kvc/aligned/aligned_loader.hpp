@@ -183,6 +183,11 @@ struct AlignedLoader {
     std::memcpy(&f, &u, 4);
     return f;
   }
+  /// The tier value_scale's multiplications decide: m_lo, m_hi the max over the group's heads of p_h *
+  /// value_scale(ref_h, VLo), p_h * value_scale(ref_h, VHi). Branch-free (m_lo >= 1 implies m_hi >= 1: VLo <= VHi).
+  KVC_HOST_DEVICE static constexpr int scaled_value_tier(float m_lo, float m_hi) noexcept {
+    return 8 + 4 * int(m_hi >= 1.0f) + 4 * int(m_lo >= 1.0f);
+  }
   /// Rule 2's reference of one query head from its probabilities p[0, T): the output estimate O_est[c] = sum over
   /// the TopK candidates (top_candidates) of p_t |V_tc| read at tier 8, then value_reference. tier8_bits(t, c)
   /// gives V_tc's fp16 bits at tier 8 (only its hi8 byte is read); est: [d] scratch. The kernels and the

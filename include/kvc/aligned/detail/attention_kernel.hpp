@@ -253,6 +253,7 @@ inline void tile_values(const StreamView& v, const TierLists& rows, const float*
 
 /// The tiers of rows [0, n) as bytes (8, 12, 16): AlignedLoader::value_tier, vectorised through value_scale
 /// (scale_lo / scale_hi [g]: each head's value_scale at the low / high threshold).
+template <class Loader>
 inline void value_tiers(const float* p, std::size_t T, int g, int n, const float* scale_lo, const float* scale_hi,
                         std::uint8_t* tiers) noexcept {
   alignas(64) float mlo[kN], mhi[kN];
@@ -265,7 +266,7 @@ inline void value_tiers(const float* p, std::size_t T, int g, int n, const float
     }
     a.store(mlo);
     b.store(mhi);
-    for (int i = 0; i < kN && t + i < n; ++i) tiers[t + i] = std::uint8_t(8 + 4 * (mhi[i] >= 1.0f) + 4 * (mlo[i] >= 1.0f));
+    for (int i = 0; i < kN && t + i < n; ++i) tiers[t + i] = std::uint8_t(Loader::scaled_value_tier(mlo[i], mhi[i]));
   }
 }
 
@@ -427,7 +428,7 @@ bool run_stream(const StreamView& v, const float* q, const std::uint8_t* ktier, 
     scale[h] = Loader::value_scale(ref[h], Loader::kValueLo);
     scale[g + h] = Loader::value_scale(ref[h], Loader::kValueHi);
   }
-  value_tiers(s, tp, g, full, scale, scale + g, vtier);
+  value_tiers<Loader>(s, tp, g, full, scale, scale + g, vtier);
   std::fill_n(o, std::size_t(g) * dp, 0.0f);
   std::size_t vt[3] = {0, 0, 0};
   int* rl = ints + g;

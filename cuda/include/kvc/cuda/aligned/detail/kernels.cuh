@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(kThreads)
         mlo = fmaxf(mlo, x * scales[std::size_t(row0 + h) * 2]);
         mhi = fmaxf(mhi, x * scales[std::size_t(row0 + h) * 2 + 1]);
       }
-      const int tier = 8 + 4 * (mhi >= 1.0f) + 4 * (mlo >= 1.0f);  // the same for the whole warp
+      const int tier = L::scaled_value_tier(mlo, mhi);  // the same for the whole warp
       v8 += tier == 8, v12 += tier == 12, v16 += tier == 16;
       const std::uint8_t* hi = vhi + std::size_t(t) * D;
       const std::uint8_t* mid = vmid + std::size_t(t) * (D / 2);
