@@ -2,9 +2,12 @@
 // decode attention reads, and what the truncation does to QK^T, SV and the attention output.
 //
 //   03_aligned_real_kv [dump-file [max-read-fraction max-attn-error]]
+//   03_aligned_real_kv --sweep [dump-file]
 //
 // With the two limits (the test suite's use), exits 3 when the bytes read over all layers exceed
 // max-read-fraction of fp16's or the mean attention error exceeds max-attn-error.
+// --sweep measures AlignedLoader's tier thresholds (template parameters, SPEC A1) around the default 4 / 8
+// binades: one summary row per threshold set (bytes read, bits, attention error, Table 1's tails).
 //
 // The dump (kvc/io/kv_dump.hpp, written by kvc-eval --dump-kv) holds post-RoPE keys, values and queries of some
 // layers. For every dumped layer the cache is built as an engine builds it (at query position t it holds tokens
@@ -35,8 +38,7 @@
 namespace {
 
 constexpr int kEvery = 64;
-using Cache = kvc::CompressedKVCache<kvc::AlignedLoader<>>;
-using Loader = Cache::loader;
+constexpr int kContextBins = 6;  // t < 128, 256, 512, 1024, 2048, more
 
 /// Relative-error histogram with the paper's bins: 0, (0, 1/1024), [1/1024, 1/512), [1/512, 1/256),
 /// [1/256, 1/128), >= 1/128.
@@ -60,37 +62,26 @@ float trunc(float x, int tier) {
 }
 double rel(double a, double ref) { return ref != 0.0 ? std::fabs(a - ref) / std::fabs(ref) : (a == 0.0 ? 0.0 : 1.0); }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  kvc::io::KVDump dump;
-  std::string path;
-  double max_read = 0.0, max_err = 0.0;
-  if (argc == 4) {
-    max_read = std::atof(argv[2]), max_err = std::atof(argv[3]);
-    if (!(max_read > 0.0) || !(max_err > 0.0)) {
-      std::fprintf(stderr, "03_aligned_real_kv: limits must be positive numbers\n");
-      return 2;
-    }
-    argc = 2;
-  }
-  if (const auto status = kvc_examples::load_dump(argc, argv, "03_aligned_real_kv", "measures AlignedKV", dump, path))
-    return *status;
-  if (!dump.has_queries()) {
-    std::fprintf(stderr, "03_aligned_real_kv: the dump has no queries (AlignedKV's tiers depend on them)\n");
-    return 1;
-  }
-  const int T = dump.tokens, H = dump.kv_heads, Hq = dump.q_heads, d = dump.head_dim, g = Hq / H;
-  std::printf("KV dump %s: %s, %d tokens, %d query / %d KV heads, head_dim %d, %zu layers; %s path\n", path.c_str(),
-              dump.model.c_str(), T, Hq, H, d, dump.layers.size(), kvc::simd_path_name());
-  std::printf("AlignedLoader<>: key/value thresholds 4 / 8 binades, top-%d estimate, %d-token key blocks\n\n", Loader::kTopK,
-              Loader::kBlock);
-  std::printf("| layer | bytes read / fp16 | average bits (K / V) | attn rel. error mean | worst |\n|---:|---:|---:|---:|---:|\n");
+/// Everything one threshold set measures over all dumped layers.
+struct Summary {
   Bins qk, sv;
-  constexpr int kContextBins = 6;  // t < 128, 256, 512, 1024, 2048, more
   std::array<double, kContextBins> bits_sum{}, bits_n{};
-  double all_read = 0.0, all_fp16 = 0.0, all_err_sum = 0.0, all_err_worst = 0.0;
-  int all_err_n = 0;
+  std::array<double, 3> key_tiers{}, value_tiers{};
+  double read = 0.0, fp16 = 0.0, err_sum = 0.0, err_worst = 0.0;
+  int err_n = 0;
+};
+
+double avg(const std::array<double, 3>& n) { return (8 * n[0] + 12 * n[1] + 16 * n[2]) / (n[0] + n[1] + n[2]); }
+
+/// Builds every dumped layer's cache position by position and measures AlignedKV with `Loader`'s thresholds;
+/// `print`: the per-layer table.
+template <class Loader>
+Summary measure(const kvc::io::KVDump& dump, bool print) {
+  using Cache = kvc::CompressedKVCache<Loader>;
+  if (print)
+    std::printf("| layer | bytes read / fp16 | average bits (K / V) | attn rel. error mean | worst |\n|---:|---:|---:|---:|---:|\n");
+  Summary sum;
+  const int T = dump.tokens, H = dump.kv_heads, Hq = dump.q_heads, d = dump.head_dim, g = Hq / H;
   for (std::size_t i = 0; i < dump.layers.size(); ++i) {
     const kvc::KVView K = dump.keys(i), V = dump.values(i);
     Cache cache(kvc::CacheConfig{1, 1, H, d, T});
@@ -123,7 +114,7 @@ int main(int argc, char** argv) {
       bits += st.average_bits(), ++npos;
       for (int j = 0; j < 3; ++j) kt_n[std::size_t(j)] += double(st.key_tiers[j]), vt_n[std::size_t(j)] += double(st.value_tiers[j]);
       const int cb = t < 128 ? 0 : t < 256 ? 1 : t < 512 ? 2 : t < 1024 ? 3 : t < 2048 ? 4 : 5;
-      bits_sum[std::size_t(cb)] += st.average_bits(), bits_n[std::size_t(cb)] += 1.0;
+      sum.bits_sum[std::size_t(cb)] += st.average_bits(), sum.bits_n[std::size_t(cb)] += 1.0;
       // Table 1, in double: per KV head its tiers, per query head the exact probabilities
       const int planar = len / Loader::kBlock * Loader::kBlock;
       for (int kh = 0; kh < H; ++kh) {
@@ -144,7 +135,7 @@ int main(int argc, char** argv) {
               s += qc * k;
               s_tr += qc * trunc(k, kt[std::size_t(c)]);
             }
-            if (u < planar) qk.add(rel(fp16(s_tr), fp16(s)));
+            if (u < planar) sum.qk.add(rel(fp16(s_tr), fp16(s)));
             pd[std::size_t(h) * len + u] = s / std::sqrt(double(d));
             m = std::max(m, pd[std::size_t(h) * len + u]);
           }
@@ -172,17 +163,87 @@ int main(int argc, char** argv) {
               o_tr[std::size_t(c)] += w * trunc(v, tier);
             }
           }
-          for (int c = 0; c < d; ++c) sv.add(rel(fp16(o_tr[std::size_t(c)]), fp16(o[std::size_t(c)])));
+          for (int c = 0; c < d; ++c) sum.sv.add(rel(fp16(o_tr[std::size_t(c)]), fp16(o[std::size_t(c)])));
         }
       }
       if (t == T - 1) break;
     }
-    auto avg = [](const std::array<double, 3>& n) { return (8 * n[0] + 12 * n[1] + 16 * n[2]) / (n[0] + n[1] + n[2]); };
-    std::printf("| %d | %.3f | %.2f (%.2f / %.2f) | %.2e | %.2e |\n", dump.layers[i].layer, read / full, bits / npos,
-                avg(kt_n), avg(vt_n), err_sum / nerr, err_worst);
-    all_read += read, all_fp16 += full, all_err_sum += err_sum, all_err_n += nerr;
-    all_err_worst = std::max(all_err_worst, err_worst);
+    if (print)
+      std::printf("| %d | %.3f | %.2f (%.2f / %.2f) | %.2e | %.2e |\n", dump.layers[i].layer, read / full, bits / npos,
+                  avg(kt_n), avg(vt_n), err_sum / nerr, err_worst);
+    sum.read += read, sum.fp16 += full, sum.err_sum += err_sum, sum.err_n += nerr;
+    sum.err_worst = std::max(sum.err_worst, err_worst);
+    for (int j = 0; j < 3; ++j) sum.key_tiers[std::size_t(j)] += kt_n[std::size_t(j)], sum.value_tiers[std::size_t(j)] += vt_n[std::size_t(j)];
   }
+  return sum;
+}
+
+template <int KLo, int KHi, int VLo, int VHi>
+void sweep_row(const kvc::io::KVDump& dump) {
+  const Summary r = measure<kvc::AlignedLoader<KLo, KHi, VLo, VHi>>(dump, false);
+  auto share = [](const Bins& b) {
+    double total = 0.0;
+    for (double x : b.n) total += x;
+    return 100.0 * b.n[5] / total;
+  };
+  std::printf("| %d / %d | %d / %d | %.3f | %.2f / %.2f | %.2e | %.2e | %.2f%% | %.2f%% |\n", KLo, KHi, VLo, VHi,
+              r.read / r.fp16, avg(r.key_tiers), avg(r.value_tiers), r.err_sum / r.err_n, r.err_worst, share(r.qk),
+              share(r.sv));
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kvc::io::KVDump dump;
+  std::string path;
+  double max_read = 0.0, max_err = 0.0;
+  const bool sweep = argc >= 2 && std::string(argv[1]) == "--sweep";
+  if (sweep) ++argv, --argc;
+  if (argc == 4 && !sweep) {
+    max_read = std::atof(argv[2]), max_err = std::atof(argv[3]);
+    if (!(max_read > 0.0) || !(max_err > 0.0)) {
+      std::fprintf(stderr, "03_aligned_real_kv: limits must be positive numbers\n");
+      return 2;
+    }
+    argc = 2;
+  }
+  if (const auto status = kvc_examples::load_dump(argc, argv, "03_aligned_real_kv", "measures AlignedKV", dump, path))
+    return *status;
+  if (!dump.has_queries()) {
+    std::fprintf(stderr, "03_aligned_real_kv: the dump has no queries (AlignedKV's tiers depend on them)\n");
+    return 1;
+  }
+  std::printf("KV dump %s: %s, %d tokens, %d query / %d KV heads, head_dim %d, %zu layers; %s path\n", path.c_str(),
+              dump.model.c_str(), dump.tokens, dump.q_heads, dump.kv_heads, dump.head_dim, dump.layers.size(),
+              kvc::simd_path_name());
+  if (sweep) {
+    // Lower thresholds drop more bits; keys and values apart, then together (rows print as they finish).
+    std::printf("| keys lo / hi | values lo / hi | bytes read / fp16 | bits K / V | attn rel. error mean | worst | "
+                "QK^T >= 1/128 | S V >= 1/128 |\n|---|---|---:|---:|---:|---:|---:|---:|\n");
+    sweep_row<4, 8, 4, 8>(dump);  // the default
+    sweep_row<3, 8, 4, 8>(dump);  // keys: lo (16 -> 12), hi (12 -> 8), both
+    sweep_row<4, 6, 4, 8>(dump);
+    sweep_row<3, 7, 4, 8>(dump);
+    sweep_row<2, 6, 4, 8>(dump);
+    sweep_row<4, 8, 3, 8>(dump);  // values alike
+    sweep_row<4, 8, 4, 6>(dump);
+    sweep_row<4, 8, 3, 7>(dump);
+    sweep_row<4, 8, 2, 6>(dump);
+    sweep_row<3, 8, 3, 8>(dump);  // both
+    sweep_row<3, 7, 3, 7>(dump);
+    sweep_row<2, 6, 2, 6>(dump);
+    sweep_row<1, 5, 1, 5>(dump);
+    return 0;
+  }
+  using Loader = kvc::AlignedLoader<>;
+  std::printf("AlignedLoader<>: key/value thresholds 4 / 8 binades, top-%d estimate, %d-token key blocks\n\n", Loader::kTopK,
+              Loader::kBlock);
+  const Summary r = measure<Loader>(dump, true);
+  const double all_read = r.read, all_fp16 = r.fp16, all_err_sum = r.err_sum, all_err_worst = r.err_worst;
+  const int all_err_n = r.err_n;
+  const Bins &qk = r.qk, &sv = r.sv;
+  const auto &bits_sum = r.bits_sum, &bits_n = r.bits_n;
   std::printf("| all | %.3f | | %.2e | %.2e |\n\n", all_read / all_fp16, all_err_sum / all_err_n, all_err_worst);
   std::printf("Table 1 (relative error of each output):\n\n| output | 0 | (0, 1/1024) | [1/1024, 1/512) | [1/512, 1/256) | "
               "[1/256, 1/128) | >= 1/128 |\n|---|---:|---:|---:|---:|---:|---:|\n");
