@@ -2,6 +2,9 @@
 //   BM_MemoryRead                        plain multi-threaded read of a 1 GiB buffer (the limit)
 //   BM_MemoryReadRuns/run:<b>/kept:<%>   the same buffer in runs of b bytes, a random kept % of them read: what
 //                                        skipping saves on this memory system (AlignedKV's partial loads)
+//   BM_PeakMacs/<instruction>            peak multiply-adds per second of an instruction decode inner loops are
+//                                        bound by (roofline.hpp: fma_f32_zmm/ymm, dpbusd_zmm, maddubs_ymm,
+//                                        dpwssd_ymm, maddwd_ymm), all threads; skipped where the CPU lacks it
 //   BM_DecodeAttention/<scheme>/T:<n>    fused decode attention, 8 KV heads, GQA 4, head dim 128,
 //                                        batch 1; caches flushed before every iteration; <scheme>-exact:
 //                                        Precision::kExact (float dot products over the codes)
@@ -29,7 +32,10 @@
 //                                        choose (bytes_per_second: the bytes actually read; planes_per_second: all
 //                                        planes; average_bits); aligned_fp16_tier16: the same kernel, every tier 16
 // Counters: bytes_per_second = cache bytes one decode step reads (codes, scales, zeros, windows);
-// bits_per_element = stored bits per K/V element, everything counted.
+// bits_per_element = stored bits per K/V element, everything counted; roofline = the step's bound (max of its
+// bytes at the read bandwidth and its products at their instruction's peak, both measured once in this process
+// as BM_MemoryRead and BM_PeakMacs do) over its time, with the two bounds as roof_mem_ms and roof_mac_ms
+// (roofline.hpp; the SIMD paths only).
 #include "bench_util.hpp"
 
 #include <kvc/kvc.hpp>
@@ -45,50 +51,33 @@
 #include <random>
 #include <vector>
 
-#if KVC_HAS_AVX512()
-#  include <immintrin.h>
-#endif
 
 namespace {
 
 constexpr int kKvHeads = 8, kGqa = 4, kHeadDim = 128;
 using kvc_bench::kFlushBytes;
 
-KVC_SUPPRESS_INTRINSIC_WARNINGS_BEGIN
 void BM_MemoryRead(benchmark::State& state) {
   const std::size_t n = kFlushBytes / sizeof(float);
   kvc::AlignedBuffer<float> buf(n);
-  for (std::size_t i = 0; i < n; ++i) buf[i] = static_cast<float>(i & 1023);
-  for (auto _ : state) {
-    float total = 0.0f;
-#pragma omp parallel reduction(+ : total)
-    {
-#if KVC_HAS_AVX512()
-      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-#  pragma omp for schedule(static)
-      for (std::size_t i = 0; i < n; i += 64) {
-        a0 = _mm512_add_ps(a0, _mm512_load_ps(buf.data() + i));
-        a1 = _mm512_add_ps(a1, _mm512_load_ps(buf.data() + i + 16));
-        a2 = _mm512_add_ps(a2, _mm512_load_ps(buf.data() + i + 32));
-        a3 = _mm512_add_ps(a3, _mm512_load_ps(buf.data() + i + 48));
-      }
-      total += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-#else
-      float acc[16] = {};
-#  pragma omp for schedule(static)
-      for (std::size_t i = 0; i < n; i += 16)
-#  pragma omp simd
-        for (int j = 0; j < 16; ++j) acc[j] += buf[i + j];
-      for (float x : acc) total += x;
-#endif
-    }
-    benchmark::DoNotOptimize(total);
-  }
+  kvc_bench::fill_distinct(buf.data(), n);
+  for (auto _ : state) benchmark::DoNotOptimize(kvc_bench::read_all(buf.data(), n));
   state.counters["bytes_per_second"] =
       benchmark::Counter(static_cast<double>(n * sizeof(float)) * state.iterations(), benchmark::Counter::kIsRate);
 }
-KVC_SUPPRESS_INTRINSIC_WARNINGS_END
 BENCHMARK(BM_MemoryRead)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+/// The roofline's compute side: kvc_bench::roofline::run_macs(m) on every thread.
+void BM_PeakMacs(benchmark::State& state, kvc_bench::roofline::Mac m) {
+  namespace rl = kvc_bench::roofline;
+  if (!rl::runs(m)) {
+    state.SkipWithError("this build or CPU does not run the instruction");
+    return;
+  }
+  double macs = 0.0;
+  for (auto _ : state) macs += rl::run_macs(m, 1L << 16);
+  state.counters["macs_per_second"] = benchmark::Counter(macs, benchmark::Counter::kIsRate);
+}
 
 /// What skipping saves: the same 1 GiB buffer, read in runs of `run` bytes of which a random kept % are read
 /// (an index list, no branches), the rest skipped. Compare its time with BM_MemoryRead's (every run read): a
@@ -196,11 +185,14 @@ void BM_DecodeAttentionAligned(benchmark::State& state) {
   kvc::aligned::ReadStats st;
   kvc::decode_attention(*cache, 0, qv, ov, {}, &st);
   state.SetLabel(kvc::isa_name(kvc::resolve_isa(kvc::Isa::kAuto)));
+  kvc_bench::StepTimes times;
   for (auto _ : state) {
     state.PauseTiming();
-    kvc_bench::flush_caches();
+    times.flushes += kvc_bench::flush_caches();
     state.ResumeTiming();
+    const auto t0 = std::chrono::steady_clock::now();
     kvc::decode_attention(*cache, 0, qv, ov);
+    times.steps += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     benchmark::DoNotOptimize(out.data());
   }
   const double n = double(state.iterations());
@@ -209,6 +201,10 @@ void BM_DecodeAttentionAligned(benchmark::State& state) {
       benchmark::Counter(double(cache->decode_read_bytes(0)) * n, benchmark::Counter::kIsRate);
   state.counters["average_bits"] = st.average_bits();
   state.counters["bits_per_element"] = cache->bits_per_element();
+  auto work = kvc_bench::decode_work(*cache, kKvHeads * kGqa, kHeadDim, kvc::resolve_isa(kvc::Isa::kAuto),
+                                     kvc::Precision::kFast);
+  if (work) work->bytes = double(st.total_bytes());  // what it read, not every plane
+  kvc_bench::roofline::set_counters(state, work, times.steps, times.read_bandwidth(state));
 }
 
 template <class Cache>
@@ -460,6 +456,11 @@ void register_scheme(const char* name, bool exact_too = false) {
 }
 
 const int registered = [] {
+  for (int m = 0; m < kvc_bench::roofline::kMacKinds; ++m)
+    benchmark::RegisterBenchmark((std::string("BM_PeakMacs/") + kvc_bench::roofline::kMacInfo[m].name).c_str(),
+                                 BM_PeakMacs, static_cast<kvc_bench::roofline::Mac>(m))
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
   register_scheme<kvc::schemes::Fp32>("fp32");
   register_scheme<kvc::schemes::Fp16>("fp16");
   register_scheme<kvc::schemes::Int8>("int8");

@@ -2,47 +2,106 @@
 // BM_DecodeAttention* benchmark measures and reports the same way.
 #pragma once
 
+#include "roofline.hpp"
+
 #include <kvc/kvc.hpp>
 
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace kvc_bench {
 
-inline constexpr std::size_t kFlushBytes = std::size_t(1) << 30;  // > every last-level cache we run on
-
-/// Evicts the cache hierarchy by reading a buffer larger than the LLC (untimed). Reading, not
-/// writing, so the caches are left holding clean lines and the timed decode pays no write-backs.
-/// One buffer for the whole binary.
-inline void flush_caches() {
-  static const std::vector<std::uint64_t> buf(kFlushBytes / sizeof(std::uint64_t), 1);
+/// Evicts the cache hierarchy by reading a buffer larger than the LLC (untimed by the benchmark). Reading,
+/// not writing, so the caches are left holding clean lines and the timed decode pays no write-backs. One
+/// buffer for the whole binary, its pages all different (identical pages could be merged by a hypervisor).
+/// Returns the seconds the read took: kFlushBytes over it is the read bandwidth at the moments the decode
+/// steps run (the roofline's memory side; the shared hosts' bandwidth drifts by tens of percent).
+inline double flush_caches() {
+  static const std::vector<std::uint64_t> buf = [] {
+    std::vector<std::uint64_t> b(kFlushBytes / sizeof(std::uint64_t));
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = i;
+    return b;
+  }();
+  const auto t0 = std::chrono::steady_clock::now();
   std::uint64_t sum = 0;
 #pragma omp parallel for reduction(+ : sum) schedule(static)
   for (std::size_t i = 0; i < buf.size(); i += 8) sum += buf[i];
   benchmark::DoNotOptimize(sum);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// Seconds of the timed decode steps and of the flushes between them (for the roofline counters).
+struct StepTimes {
+  double steps = 0.0, flushes = 0.0;
+  [[nodiscard]] double read_bandwidth(benchmark::State& state) const {
+    return flushes > 0.0 ? double(kFlushBytes) * double(state.iterations()) / flushes : 0.0;
+  }
+};
+
+/// The roofline work of one decode step over layer 0 of `cache` (every sequence) on `isa`'s path: the bytes
+/// it reads (decode_read_bytes) and its products, T x d per query head and side, at the instruction that
+/// side's inner loop uses (roofline.hpp); nullopt on the portable path.
+template <class Cache>
+std::optional<roofline::Work> decode_work(const Cache& cache, int heads, int head_dim, kvc::Isa isa,
+                                          kvc::Precision precision) {
+  using roofline::Mac;
+  const std::optional<Mac> fmac = roofline::float_mac(isa), bmac = roofline::byte_mac(isa),
+                           imac = roofline::int16_mac(isa);
+  if (!fmac || !bmac || !imac) return std::nullopt;
+  roofline::Work w;
+  w.bytes = static_cast<double>(cache.decode_read_bytes(0));
+  const double per_token = double(heads) * head_dim;  // multiply-adds per token and side
+  for (int seq = 0; seq < cache.config().batch; ++seq) {
+    const double n = cache.length(0, seq);
+    if constexpr (requires { typename Cache::key_format; }) {
+      // Quantized blocks: <= 4-bit codes by byte products (vpdpbusd or its AVX2 emulation) with kFast, wider
+      // codes, identity blocks and kExact by float FMAs; the full-precision rows (windows, log sets, staging)
+      // by float FMAs.
+      const double q = double(cache.quantized_blocks(0, seq)) * Cache::kBlockTokens;
+      const bool fast = precision == kvc::Precision::kFast;
+      w.add(fast && Cache::key_format::kIntDot ? *bmac : *fmac, q * per_token);
+      w.add(fast && Cache::value_format::kIntDot ? *bmac : *fmac, q * per_token);
+      w.add(*fmac, 2.0 * (n - q) * per_token);
+    } else if constexpr (requires { typename Cache::loader; }) {
+      w.add(*fmac, 2.0 * n * per_token);  // AlignedKV: fp16 assembled from the planes, float FMAs
+    } else {
+      // QAQ: int16 products on both sides with Precision::kFast, float FMAs with kExact
+      w.add(precision == kvc::Precision::kFast ? *imac : *fmac, 2.0 * n * per_token);
+    }
+  }
+  return w;
 }
 
 /// Times one fused decode step over layer 0 of `cache` per iteration (caches flushed, untimed, before
 /// each), and sets the counters: bytes_per_second (cache bytes one step reads: codes, scales, zeros,
-/// windows) and bits_per_element (stored bits per K/V element, everything counted). The label names
+/// windows), bits_per_element (stored bits per K/V element, everything counted) and the roofline counters
+/// (roofline.hpp: roofline, roof_mem_ms, roof_mac_ms, read_gbs; not on the portable path), the memory side at
+/// the bandwidth the flushes between the steps read at. The label names
 /// the SIMD path that ran (chosen at run time; KVC_FORCE_ISA pins it).
 template <class Cache>
 void time_decode_steps(benchmark::State& state, const Cache& cache, const std::vector<float>& q, int heads,
                        int head_dim, const kvc::AttentionOptions& opt = {}) {
   std::vector<float> out(q.size());
   state.SetLabel(kvc::isa_name(kvc::resolve_isa(opt.isa)));
+  StepTimes times;  // for the roofline counters
   for (auto _ : state) {
     state.PauseTiming();
-    flush_caches();
+    times.flushes += flush_caches();
     state.ResumeTiming();
+    const auto t0 = std::chrono::steady_clock::now();
     kvc::decode_attention(cache, 0, kvc::QueryView::contiguous(q.data(), 1, heads, head_dim),
                           kvc::OutputView::contiguous(out.data(), 1, heads, head_dim), opt);
+    times.steps += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     benchmark::DoNotOptimize(out.data());
   }
   state.counters["bytes_per_second"] = benchmark::Counter(
       static_cast<double>(cache.decode_read_bytes(0)) * state.iterations(), benchmark::Counter::kIsRate);
   state.counters["bits_per_element"] = cache.bits_per_element();
+  roofline::set_counters(state, decode_work(cache, heads, head_dim, kvc::resolve_isa(opt.isa), opt.precision),
+                         times.steps, times.read_bandwidth(state));
 }
 }  // namespace kvc_bench
