@@ -131,31 +131,17 @@ inline constexpr int kInt = 0x01010101;
 #  define KVC_BENCH_MADDWD_Y_(i) "vpmaddwd %%ymm14, %%ymm15, %%ymm12\n\tvpaddd %%ymm12, %%ymm" #i ", %%ymm" #i "\n\t"
 #  define KVC_BENCH_AVX512_ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #  define KVC_BENCH_AVX2_ __attribute__((target("avx2,fma")))
-// iters >= 1 rounds each.
-KVC_BENCH_AVX512_ inline void fma_zmm(long iters) {
-  KVC_BENCH_LOOP_(KVC_BENCH_X12_(KVC_BENCH_ZINIT_) KVC_BENCH_ZINIT_(14) KVC_BENCH_ZINIT_(15),
-                  KVC_BENCH_X12_(KVC_BENCH_FMA_Z_));
-}
-KVC_BENCH_AVX2_ inline void fma_ymm(long iters) {
-  KVC_BENCH_LOOP_(KVC_BENCH_X12_(KVC_BENCH_YINIT_) KVC_BENCH_YINIT_(14) KVC_BENCH_YINIT_(15),
-                  KVC_BENCH_X12_(KVC_BENCH_FMA_Y_));
-}
-KVC_BENCH_AVX512_ inline void dpbusd_zmm(long iters) {
-  KVC_BENCH_LOOP_(KVC_BENCH_X12_(KVC_BENCH_ZIINIT_) KVC_BENCH_ZIINIT_(14) KVC_BENCH_ZIINIT_(15),
-                  KVC_BENCH_X12_(KVC_BENCH_DPBUSD_Z_));
-}
-KVC_BENCH_AVX2_ inline void maddubs_ymm(long iters) {
-  KVC_BENCH_LOOP_(KVC_BENCH_X12_(KVC_BENCH_YIINIT_) KVC_BENCH_YIINIT_(13) KVC_BENCH_YIINIT_(14) KVC_BENCH_YIINIT_(15),
-                  KVC_BENCH_X12_(KVC_BENCH_MADDUBS_Y_));
-}
-KVC_BENCH_AVX512_ inline void dpwssd_ymm(long iters) {
-  KVC_BENCH_LOOP_(KVC_BENCH_X12_(KVC_BENCH_YIINIT_) KVC_BENCH_YIINIT_(14) KVC_BENCH_YIINIT_(15),
-                  KVC_BENCH_X12_(KVC_BENCH_DPWSSD_Y_));
-}
-KVC_BENCH_AVX2_ inline void maddwd_ymm(long iters) {
-  KVC_BENCH_LOOP_(KVC_BENCH_X12_(KVC_BENCH_YIINIT_) KVC_BENCH_YIINIT_(14) KVC_BENCH_YIINIT_(15),
-                  KVC_BENCH_X12_(KVC_BENCH_MADDWD_Y_));
-}
+// One kernel per instruction: registers 0..15 initialised (init), then iters >= 1 rounds of op on 0..11.
+#  define KVC_BENCH_KERNEL_(name, target, init, op)                                                   \
+    target inline void name(long iters) {                                                            \
+      KVC_BENCH_LOOP_(KVC_BENCH_X12_(init) init(12) init(13) init(14) init(15), KVC_BENCH_X12_(op)); \
+    }
+KVC_BENCH_KERNEL_(fma_zmm, KVC_BENCH_AVX512_, KVC_BENCH_ZINIT_, KVC_BENCH_FMA_Z_)
+KVC_BENCH_KERNEL_(fma_ymm, KVC_BENCH_AVX2_, KVC_BENCH_YINIT_, KVC_BENCH_FMA_Y_)
+KVC_BENCH_KERNEL_(dpbusd_zmm, KVC_BENCH_AVX512_, KVC_BENCH_ZIINIT_, KVC_BENCH_DPBUSD_Z_)
+KVC_BENCH_KERNEL_(maddubs_ymm, KVC_BENCH_AVX2_, KVC_BENCH_YIINIT_, KVC_BENCH_MADDUBS_Y_)
+KVC_BENCH_KERNEL_(dpwssd_ymm, KVC_BENCH_AVX512_, KVC_BENCH_YIINIT_, KVC_BENCH_DPWSSD_Y_)
+KVC_BENCH_KERNEL_(maddwd_ymm, KVC_BENCH_AVX2_, KVC_BENCH_YIINIT_, KVC_BENCH_MADDWD_Y_)
 #endif
 }  // namespace detail
 
