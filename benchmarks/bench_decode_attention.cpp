@@ -33,9 +33,9 @@
 //                                        planes; average_bits); aligned_fp16_tier16: the same kernel, every tier 16
 // Counters: bytes_per_second = cache bytes one decode step reads (codes, scales, zeros, windows);
 // bits_per_element = stored bits per K/V element, everything counted; roofline = the step's bound (max of its
-// bytes at the read bandwidth and its products at their instruction's peak, both measured once in this process
-// as BM_MemoryRead and BM_PeakMacs do) over its time, with the two bounds as roof_mem_ms and roof_mac_ms
-// (roofline.hpp; the SIMD paths only).
+// bytes at the bandwidth its cache flushes read at, read_gbs, and its products at their instruction's peak,
+// measured once in this process as BM_PeakMacs does) over its time, with the two bounds as roof_mem_ms and
+// roof_mac_ms (roofline.hpp; the SIMD paths only).
 #include "bench_util.hpp"
 
 #include <kvc/kvc.hpp>
@@ -51,20 +51,50 @@
 #include <random>
 #include <vector>
 
+#if KVC_HAS_AVX512()
+#  include <immintrin.h>
+#endif
 
 namespace {
 
 constexpr int kKvHeads = 8, kGqa = 4, kHeadDim = 128;
 using kvc_bench::kFlushBytes;
 
+KVC_SUPPRESS_INTRINSIC_WARNINGS_BEGIN
 void BM_MemoryRead(benchmark::State& state) {
   const std::size_t n = kFlushBytes / sizeof(float);
   kvc::AlignedBuffer<float> buf(n);
-  kvc_bench::fill_distinct(buf.data(), n);
-  for (auto _ : state) benchmark::DoNotOptimize(kvc_bench::read_all(buf.data(), n));
+  // values that differ from page to page (a page-periodic pattern could let a hypervisor merge the pages)
+  for (std::size_t i = 0; i < n; ++i) buf[i] = static_cast<float>(i % 1000003u);
+  for (auto _ : state) {
+    float total = 0.0f;
+#pragma omp parallel reduction(+ : total)
+    {
+#if KVC_HAS_AVX512()
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+#  pragma omp for schedule(static)
+      for (std::size_t i = 0; i < n; i += 64) {
+        a0 = _mm512_add_ps(a0, _mm512_load_ps(buf.data() + i));
+        a1 = _mm512_add_ps(a1, _mm512_load_ps(buf.data() + i + 16));
+        a2 = _mm512_add_ps(a2, _mm512_load_ps(buf.data() + i + 32));
+        a3 = _mm512_add_ps(a3, _mm512_load_ps(buf.data() + i + 48));
+      }
+      total += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#else
+      float acc[16] = {};
+#  pragma omp for schedule(static)
+      for (std::size_t i = 0; i < n; i += 16)
+#  pragma omp simd
+        for (int j = 0; j < 16; ++j) acc[j] += buf[i + j];
+      for (float x : acc) total += x;
+#endif
+    }
+    benchmark::DoNotOptimize(total);
+  }
   state.counters["bytes_per_second"] =
       benchmark::Counter(static_cast<double>(n * sizeof(float)) * state.iterations(), benchmark::Counter::kIsRate);
 }
+KVC_SUPPRESS_INTRINSIC_WARNINGS_END
 BENCHMARK(BM_MemoryRead)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 /// The roofline's compute side: kvc_bench::roofline::run_macs(m) on every thread.
@@ -185,16 +215,10 @@ void BM_DecodeAttentionAligned(benchmark::State& state) {
   kvc::aligned::ReadStats st;
   kvc::decode_attention(*cache, 0, qv, ov, {}, &st);
   state.SetLabel(kvc::isa_name(kvc::resolve_isa(kvc::Isa::kAuto)));
-  kvc_bench::StepTimes times;
-  for (auto _ : state) {
-    state.PauseTiming();
-    times.flushes += kvc_bench::flush_caches();
-    state.ResumeTiming();
-    const auto t0 = std::chrono::steady_clock::now();
+  const kvc_bench::StepTimes times = kvc_bench::time_steps(state, [&] {
     kvc::decode_attention(*cache, 0, qv, ov);
-    times.steps += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     benchmark::DoNotOptimize(out.data());
-  }
+  });
   const double n = double(state.iterations());
   state.counters["bytes_per_second"] = benchmark::Counter(double(st.total_bytes()) * n, benchmark::Counter::kIsRate);
   state.counters["planes_per_second"] =

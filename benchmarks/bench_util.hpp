@@ -15,6 +15,8 @@
 
 namespace kvc_bench {
 
+inline constexpr std::size_t kFlushBytes = std::size_t(1) << 30;  // > every last-level cache we run on
+
 /// Evicts the cache hierarchy by reading a buffer larger than the LLC (untimed by the benchmark). Reading,
 /// not writing, so the caches are left holding clean lines and the timed decode pays no write-backs. One
 /// buffer for the whole binary, its pages all different (identical pages could be merged by a hypervisor).
@@ -41,6 +43,21 @@ struct StepTimes {
     return flushes > 0.0 ? double(kFlushBytes) * double(state.iterations()) / flushes : 0.0;
   }
 };
+
+/// The benchmark loop of the decode rows: per iteration the caches flushed (untimed), then step() timed.
+template <class Step>
+StepTimes time_steps(benchmark::State& state, Step&& step) {
+  StepTimes times;
+  for (auto _ : state) {
+    state.PauseTiming();
+    times.flushes += flush_caches();
+    state.ResumeTiming();
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    times.steps += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return times;
+}
 
 /// The roofline work of one decode step over layer 0 of `cache` (every sequence) on `isa`'s path: the bytes
 /// it reads (decode_read_bytes) and its products, T x d per query head and side, at the instruction that
@@ -87,17 +104,11 @@ void time_decode_steps(benchmark::State& state, const Cache& cache, const std::v
                        int head_dim, const kvc::AttentionOptions& opt = {}) {
   std::vector<float> out(q.size());
   state.SetLabel(kvc::isa_name(kvc::resolve_isa(opt.isa)));
-  StepTimes times;  // for the roofline counters
-  for (auto _ : state) {
-    state.PauseTiming();
-    times.flushes += flush_caches();
-    state.ResumeTiming();
-    const auto t0 = std::chrono::steady_clock::now();
+  const StepTimes times = time_steps(state, [&] {
     kvc::decode_attention(cache, 0, kvc::QueryView::contiguous(q.data(), 1, heads, head_dim),
                           kvc::OutputView::contiguous(out.data(), 1, heads, head_dim), opt);
-    times.steps += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     benchmark::DoNotOptimize(out.data());
-  }
+  });
   state.counters["bytes_per_second"] = benchmark::Counter(
       static_cast<double>(cache.decode_read_bytes(0)) * state.iterations(), benchmark::Counter::kIsRate);
   state.counters["bits_per_element"] = cache.bits_per_element();

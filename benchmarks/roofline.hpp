@@ -3,7 +3,7 @@
 // On all OpenMP threads (the thread count decode attention runs with):
 //  - the read bandwidth: in the decode benchmarks, the rate of the 1 GiB cache flushes between the timed
 //    steps (bench_util.hpp), so both sides of a row see the same moments of a shared host whose bandwidth
-//    drifts; BM_MemoryRead (read_all below) is the same limit as a row of its own;
+//    drifts; BM_MemoryRead is the same limit as a row of its own;
 //  - the peak multiply-add rate of every instruction a decode inner loop is bound by (Mac below), 12
 //    independent accumulator chains per thread, best of 7 runs of ~20 ms, measured once per process.
 // A decode step's bound is max(bytes / bandwidth, sum over instruction kinds of multiply-adds / peak): the
@@ -24,54 +24,11 @@
 #include <cstdio>
 #include <optional>
 
-#if KVC_HAS_ISA_DISPATCH()
-#  include <immintrin.h>
-#endif
 #if KVC_HAS_OPENMP()
 #  include <omp.h>
 #endif
 
-namespace kvc_bench {
-
-inline constexpr std::size_t kFlushBytes = std::size_t(1) << 30;  // > every last-level cache we run on
-
-/// Fills a read-bandwidth buffer with values that differ from page to page (a page-periodic pattern could let a
-/// hypervisor merge the pages, and the reads would hit one cached page).
-inline void fill_distinct(float* p, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<float>(i % 1000003u);
-}
-
-/// Sums the n floats at p (a multiple of 64, 64-byte aligned) on all threads: BM_MemoryRead's loop and the
-/// roofline's bandwidth.
-KVC_SUPPRESS_INTRINSIC_WARNINGS_BEGIN
-inline float read_all(const float* p, std::size_t n) {
-  float total = 0.0f;
-#pragma omp parallel reduction(+ : total)
-  {
-#if KVC_HAS_AVX512()
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-#  pragma omp for schedule(static)
-    for (std::size_t i = 0; i < n; i += 64) {
-      a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i));
-      a1 = _mm512_add_ps(a1, _mm512_load_ps(p + i + 16));
-      a2 = _mm512_add_ps(a2, _mm512_load_ps(p + i + 32));
-      a3 = _mm512_add_ps(a3, _mm512_load_ps(p + i + 48));
-    }
-    total += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-#else
-    float acc[16] = {};
-#  pragma omp for schedule(static)
-    for (std::size_t i = 0; i < n; i += 16)
-#  pragma omp simd
-      for (int j = 0; j < 16; ++j) acc[j] += p[i + j];
-    for (float x : acc) total += x;
-#endif
-  }
-  return total;
-}
-KVC_SUPPRESS_INTRINSIC_WARNINGS_END
-
-namespace roofline {
+namespace kvc_bench::roofline {
 
 /// The instructions decode inner loops are bound by. `macs`: multiply-adds one instruction (or the emulating
 /// group) performs.
@@ -195,15 +152,9 @@ inline double peak_macs(Mac m) {
   const int i = static_cast<int>(m);
   if (!measured[i]) {
     if (runs(m)) {
-      // ~20 ms a run: the fastest of a few short warm-up runs (clock ramp) sizes it
-      using clock = std::chrono::steady_clock;
+      // ~20 ms a run: the fastest of short warm-up runs (clock ramp) sizes it
       const long probe = 1L << 16;
-      double fastest = 1e30;
-      for (int r = 0; r < 3; ++r) {
-        const auto t0 = clock::now();
-        run_macs(m, probe);
-        fastest = std::min(fastest, std::chrono::duration<double>(clock::now() - t0).count());
-      }
+      const double fastest = run_macs(m, probe) / best_rate([&] { return run_macs(m, probe); });
       const long iters = std::max(probe, static_cast<long>(double(probe) * 0.02 / fastest));
       peak[i] = best_rate([&] { return run_macs(m, iters); });
     }
@@ -262,5 +213,4 @@ inline void set_counters(benchmark::State& state, const std::optional<Work>& w, 
   state.counters["roof_mem_ms"] = 1e3 * b.memory_s;
   state.counters["roof_mac_ms"] = 1e3 * b.compute_s;
 }
-}  // namespace roofline
-}  // namespace kvc_bench
+}  // namespace kvc_bench::roofline
