@@ -48,11 +48,15 @@ struct Bins {
     const int b = rel == 0.0 ? 0 : rel < 1.0 / 1024 ? 1 : rel < 1.0 / 512 ? 2 : rel < 1.0 / 256 ? 3 : rel < 1.0 / 128 ? 4 : 5;
     n[std::size_t(b)] += 1.0;
   }
-  void print(const char* name) const {
+  /// Percent of the outputs in bin b.
+  double share(int b) const {
     double total = 0.0;
     for (double x : n) total += x;
-    std::printf("| %s | %.2f%% | %.2f%% | %.2f%% | %.2f%% | %.2f%% | %.2f%% |\n", name, 100 * n[0] / total, 100 * n[1] / total,
-                100 * n[2] / total, 100 * n[3] / total, 100 * n[4] / total, 100 * n[5] / total);
+    return 100.0 * n[std::size_t(b)] / total;
+  }
+  void print(const char* name) const {
+    std::printf("| %s | %.2f%% | %.2f%% | %.2f%% | %.2f%% | %.2f%% | %.2f%% |\n", name, share(0), share(1), share(2), share(3),
+                share(4), share(5));
   }
 };
 
@@ -181,14 +185,9 @@ Summary measure(const kvc::io::KVDump& dump, bool print) {
 template <int KLo, int KHi, int VLo, int VHi>
 void sweep_row(const kvc::io::KVDump& dump) {
   const Summary r = measure<kvc::AlignedLoader<KLo, KHi, VLo, VHi>>(dump, false);
-  auto share = [](const Bins& b) {
-    double total = 0.0;
-    for (double x : b.n) total += x;
-    return 100.0 * b.n[5] / total;
-  };
   std::printf("| %d / %d | %d / %d | %.3f | %.2f / %.2f | %.2e | %.2e | %.2f%% | %.2f%% |\n", KLo, KHi, VLo, VHi,
-              r.read / r.fp16, avg(r.key_tiers), avg(r.value_tiers), r.err_sum / r.err_n, r.err_worst, share(r.qk),
-              share(r.sv));
+              r.read / r.fp16, avg(r.key_tiers), avg(r.value_tiers), r.err_sum / r.err_n, r.err_worst, r.qk.share(5),
+              r.sv.share(5));
   std::fflush(stdout);
 }
 
@@ -240,22 +239,20 @@ int main(int argc, char** argv) {
   std::printf("AlignedLoader<>: key/value thresholds 4 / 8 binades, top-%d estimate, %d-token key blocks\n\n", Loader::kTopK,
               Loader::kBlock);
   const Summary r = measure<Loader>(dump, true);
-  const double all_read = r.read, all_fp16 = r.fp16, all_err_sum = r.err_sum, all_err_worst = r.err_worst;
-  const int all_err_n = r.err_n;
-  const Bins &qk = r.qk, &sv = r.sv;
-  const auto &bits_sum = r.bits_sum, &bits_n = r.bits_n;
-  std::printf("| all | %.3f | | %.2e | %.2e |\n\n", all_read / all_fp16, all_err_sum / all_err_n, all_err_worst);
+  const double read_share = r.read / r.fp16, mean_err = r.err_sum / r.err_n;
+  std::printf("| all | %.3f | | %.2e | %.2e |\n\n", read_share, mean_err, r.err_worst);
   std::printf("Table 1 (relative error of each output):\n\n| output | 0 | (0, 1/1024) | [1/1024, 1/512) | [1/512, 1/256) | "
               "[1/256, 1/128) | >= 1/128 |\n|---|---:|---:|---:|---:|---:|---:|\n");
-  qk.print("QK^T");
-  sv.print("SV");
+  r.qk.print("QK^T");
+  r.sv.print("SV");
   std::printf("\nFig. 9 (average leading bits per planar element by context length t):\n\n| t | bits |\n|---|---:|\n");
   const char* names[kContextBins] = {"< 128", "128-255", "256-511", "512-1023", "1024-2047", ">= 2048"};
   for (int b = 0; b < kContextBins; ++b)
-    if (bits_n[std::size_t(b)] > 0) std::printf("| %s | %.2f |\n", names[b], bits_sum[std::size_t(b)] / bits_n[std::size_t(b)]);
-  if (max_read > 0.0 && (all_read / all_fp16 > max_read || all_err_sum / all_err_n > max_err)) {
+    if (r.bits_n[std::size_t(b)] > 0)
+      std::printf("| %s | %.2f |\n", names[b], r.bits_sum[std::size_t(b)] / r.bits_n[std::size_t(b)]);
+  if (max_read > 0.0 && (read_share > max_read || mean_err > max_err)) {
     std::fprintf(stderr, "03_aligned_real_kv: read %.3f of fp16's bytes (limit %.3f), mean attention error %.2e (limit %.2e)\n",
-                 all_read / all_fp16, max_read, all_err_sum / all_err_n, max_err);
+                 read_share, max_read, mean_err, max_err);
     return 3;
   }
   return 0;
