@@ -201,16 +201,7 @@ TYPED_TEST(LogQuantCache, AttentionMatchesOracleAroundEveryBoundary) {
         const auto want = oracle_cache(*f.cache, 0, q, nseq, Hq);
         double maxv = 0.0;
         for (int s = 0; s < nseq; ++s) maxv = std::max(maxv, max_abs(dequantize(*f.cache, 0, s).v));
-        KVC_FOR_EACH_ISA(isa) {
-          SCOPED_TRACE(kvc::isa_name(isa));
-          kvc::AttentionOptions exact;
-          exact.precision = kvc::Precision::kExact;
-          exact.min_blocks_per_split = 1;  // splits too, when there are blocks
-          ASSERT_LE(max_abs_diff(fused(*f.cache, 0, q, nseq, Hq, exact), want), 1e-5 * maxv) << "exact precision";
-          const auto fast = fused(*f.cache, 0, q, nseq, Hq);
-          ASSERT_LE(max_abs_diff(fast, want), 1e-5 * maxv + 0.1 * max_abs(want)) << "fast precision";
-          ASSERT_LE(rms_diff(fast, want), 1e-5 * maxv + 0.05 * rms(want)) << "fast precision";
-        }
+        expect_fused_matches_oracle(*f.cache, 0, q, nseq, Hq, want, maxv, 1e-5);
       }
     }
 }

@@ -114,6 +114,24 @@ std::vector<float> oracle_cache(const Cache& c, int layer, const std::vector<flo
   return out;
 }
 
+/// The fused attention at both precisions on every runnable SIMD path against `want` (the oracle on the
+/// cache's reconstruction, oracle_cache): exact (splits forced down to one block) within eps * maxv, maxv the
+/// largest |value| held; fast within the kernel's own bound (0.1 of max |want| per element, 0.05 of its rms).
+template <class Cache>
+void expect_fused_matches_oracle(const Cache& c, int layer, const std::vector<float>& q, int nseq, int Hq,
+                                 const std::vector<float>& want, double maxv, double eps) {
+  KVC_FOR_EACH_ISA(isa) {
+    SCOPED_TRACE(kvc::isa_name(isa));
+    kvc::AttentionOptions exact;
+    exact.precision = kvc::Precision::kExact;
+    exact.min_blocks_per_split = 1;  // splits too, when there are blocks
+    ASSERT_LE(max_abs_diff(fused(c, layer, q, nseq, Hq, exact), want), eps * maxv) << "exact precision";
+    const auto fast = fused(c, layer, q, nseq, Hq);
+    ASSERT_LE(max_abs_diff(fast, want), eps * maxv + 0.1 * max_abs(want)) << "fast precision";
+    ASSERT_LE(rms_diff(fast, want), eps * maxv + 0.05 * rms(want)) << "fast precision";
+  }
+}
+
 /// The oracle on original data, one KV per sequence.
 inline std::vector<float> oracle_data(const std::vector<KV>& data, const std::vector<float>& q, int nseq, int Hq,
                                       double scale = 0.0) {

@@ -213,6 +213,26 @@ inline AlignedBuffer<float> scaled_query(QueryView q, float scale) {
   return qs;
 }
 
+/// A rotated cache's query (Layout::rotation, rotate/rotation.hpp): every query head's row of the scaled
+/// query `qs` ([sequences][heads][head_dim]) through its KV head's key transform, in place; throws kOutOfRange
+/// when a rotated element overflows float. `q` (the caller's) names the row. Without key rotation: qs.
+template <class Layout>
+AlignedBuffer<float> rotated_query(const typename Layout::Params& p, AlignedBuffer<float> qs, QueryView q, int group) {
+  if constexpr (Layout::rotation::kKeys) {
+    const int d = q.dim2;
+    for (int s = 0; s < q.dim0; ++s)
+      for (int h = 0; h < q.dim1; ++h) {
+        float* row = qs.data() + (std::size_t(s) * q.dim1 + h) * d;
+        Layout::rotation::rotate(true, p.rotation, h / group, d, row);
+        for (int c = 0; c < d; ++c)
+          KVC_CHECK(std::isfinite(row[c]), Errc::kOutOfRange, "query sequence ", s, " head ", h,
+                    " times the softmax scale, rotated, overflows float in channel ", c);
+      }
+  }
+  (void)p, (void)q, (void)group;
+  return qs;
+}
+
 /// The most threads decode attention runs with (AttentionOptions::num_threads, else OpenMP's default, at most
 /// OpenMP's thread limit; 1 without OpenMP).
 inline int attention_threads(const AttentionOptions& opt) noexcept {
@@ -283,7 +303,7 @@ void decode_attention(const typename Layout::Params& p, QueryView q, OutputView 
 
   const std::size_t item_floats = std::size_t(g) * (d + 2);
   AlignedBuffer<float> results(work.size() * item_floats);
-  const AlignedBuffer<float> qscaled = detail::scaled_query(q, scale);
+  const AlignedBuffer<float> qscaled = detail::rotated_query<Layout>(p, detail::scaled_query(q, scale), q, g);
   const std::size_t scratch_floats = fns.scratch_floats(p, g);
   const int nwork = static_cast<int>(work.size());
 
@@ -334,6 +354,9 @@ void decode_attention(const typename Layout::Params& p, QueryView q, OutputView 
       for (int h = 0; h < g; ++h) {
         const float inv = merge_weights(i1 - i0, r + h, r + g + h, stride, weights.data());
         merge_apply(i1 - i0, weights.data(), inv, r + 2 * g + std::size_t(h) * d, stride, d, out.row(s, kh * g + h));
+        // Rotated values: o = R_v^T (sum_t p_t R_v v_t), once per query head.
+        if constexpr (Layout::rotation::kValues)
+          Layout::rotation::unrotate(false, p.rotation, kh, d, out.row(s, kh * g + h));
       }
     }
 }

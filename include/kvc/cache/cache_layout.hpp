@@ -32,6 +32,7 @@
 #include <kvc/core/numeric.hpp>
 #include <kvc/gear/block_correction.hpp>
 #include <kvc/quant/codec.hpp>
+#include <kvc/rotate/rotation.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -255,10 +256,10 @@ struct OutlierSlice {
 };
 
 /// Compile-time description of a cache: key/value block formats (with their corrections), the
-/// full-precision selector, and the stream-scope outlier filter (void when outliers are per block or
-/// absent; it applies to the quantized sides).
+/// full-precision selector, the stream-scope outlier filter (void when outliers are per block or
+/// absent; it applies to the quantized sides) and the rotation (NoRotation: rows stored as given).
 template <Quantizer KQ, Quantizer VQ, Selector Sel, int B, class KCorr = NoCorrection, class VCorr = NoCorrection,
-          class StreamOutliers = void>
+          class StreamOutliers = void, class Rot = NoRotation>
 struct CacheLayout {
   using key_format = BlockFormat<KQ, Side::kKey, B, KCorr>;
   using value_format = BlockFormat<VQ, Side::kValue, B, VCorr>;
@@ -289,6 +290,14 @@ struct CacheLayout {
   }
   static constexpr bool kKeyStreamOutliers = stream_outliers_on<true>() && !KQ::kIsIdentity;
   static constexpr bool kValueStreamOutliers = stream_outliers_on<false>() && !VQ::kIsIdentity;
+  /// Every stored row (blocks and full-precision slots) is R x; attention rotates the query with the
+  /// key transform and un-rotates its output with the value transform (rotate/rotation.hpp).
+  using rotation = Rot;
+  static constexpr bool kRotated = Rot::kActive;
+  /// Bytes of one layer's rotation tables (0 without a rotation).
+  KVC_HOST_DEVICE static constexpr std::size_t rotation_bytes(int kv_heads, int d) noexcept {
+    return std::size_t(kv_heads) * Rot::head_words(d) * sizeof(std::uint32_t);
+  }
 
   /// One layer's view of the cache. Trivially copyable; pointers are host or device memory.
   struct Params {
@@ -309,6 +318,7 @@ struct CacheLayout {
     std::uint16_t* v_out_idx;
     half_t* v_out_val;
     std::byte* v_fq = nullptr;  ///< [batch][kv_heads][kFpSlots] quantized value rows (kQuantizedFpValues only)
+    const std::uint32_t* rotation = nullptr;  ///< [kv_heads][Rot::head_words] this layer's tables (kRotated only)
 
     KVC_HOST_DEVICE int stream(int seq, int head) const noexcept { return seq * kv_heads + head; }
     /// Block `blk`'s stream-scope outliers of one side (only with kStreamOutliers on that side).

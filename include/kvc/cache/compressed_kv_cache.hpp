@@ -36,7 +36,8 @@ class DeviceKVCache;  // cuda/include/kvc/cuda/device_kv_cache.cuh: transfers re
 /// A compressed KV cache composed from policies, in any order:
 ///  - a quantizer for both sides, or `keys<Q>` and/or `values<Q>` (default: fp16, uncompressed);
 ///  - a selector (default: no full-precision window), e.g. `FullPrecisionWindow<128>`;
-///  - `BlockTokens<N>` (default: the quantizer's per-channel group size, else 32).
+///  - `BlockTokens<N>` (default: the quantizer's per-channel group size, else 32);
+///  - GEAR's `OutlierFilter`, `LowRankResidual`, `LiteralMode`; a `Rotation<...>` of K/V before quantization.
 /// Example (KIVI-2, group 32, 128-token window):
 ///   CompressedKVCache<keys<GroupQuantizer<2, 32, Axis::kChannel>>,
 ///                     values<GroupQuantizer<2, 32, Axis::kToken>>, FullPrecisionWindow<128>>
@@ -55,8 +56,9 @@ class CompressedKVCache {
   using residual = typename R::residual;        ///< void when absent
   using stream_outliers = typename R::stream_outliers;  ///< void unless OutlierScope::kStream
   static constexpr bool kLiteral = !std::is_void_v<typename R::streaming>;  ///< GEAR Algorithm 1 streaming
+  using rotation = typename R::rotation;  ///< NoRotation when absent
   using layout = CacheLayout<key_quantizer, value_quantizer, selector, kBlockTokens, typename R::key_corr,
-                             typename R::value_corr, stream_outliers>;
+                             typename R::value_corr, stream_outliers, rotation>;
   using params_type = typename layout::Params;
   using key_format = typename layout::key_format;
   using value_format = typename layout::value_format;
@@ -91,6 +93,10 @@ class CompressedKVCache {
     lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
     if constexpr (layout::kKeyStreamOutliers) k_out_ = OutlierTable(streams, cap_blocks_, out_cap_);
     if constexpr (layout::kValueStreamOutliers) v_out_ = OutlierTable(streams, cap_blocks_, out_cap_);
+    if constexpr (layout::kRotated) {
+      rot_ = AlignedBuffer<std::uint32_t>(std::size_t(cfg.layers) * cfg.kv_heads * rotation::head_words(cfg.head_dim));
+      rotation::make_tables(cfg.layers, cfg.kv_heads, cfg.head_dim, rot_.data());
+    }
     if constexpr (kWarmStart) {
       warm_k_.assign(streams * d * key_format::correction::rank(kBlockTokens, cfg.head_dim), 0.0f);
       warm_v_.assign(streams * d * value_format::correction::rank(kBlockTokens, cfg.head_dim), 0.0f);
@@ -115,10 +121,11 @@ class CompressedKVCache {
     check_index(layer, seq);
     int& n = lengths_[std::size_t(layer) * cfg_.batch + seq];
     if (rules::check_append_shape(cfg_, layer, seq, n, k, v) == 0) return;
-    rules::check_values(k, "key");
-    rules::check_values(v, "value");
-
     const params_type p = params(layer);
+    std::vector<float> k_rot, v_rot;  // Rotation: the rows as stored (R k, R v)
+    k = rules::rotated_input(k, true, p.rotation, k_rot);
+    v = rules::rotated_input(v, false, p.rotation, v_rot);
+
     const int B = kBlockTokens;
     const int blocks_before = selector::quantized_blocks(n, B);
     std::vector<float> pending;  // LiteralMode: exact rows of the blocks completed by this append
@@ -164,7 +171,10 @@ class CompressedKVCache {
                        self->v_out_.values(s0),
                        layout::kQuantizedFpValues
                            ? self->v_fq_.data() + s0 * layout::kFpSlots * layout::value_row_bytes(cfg_.head_dim)
-                           : nullptr};
+                           : nullptr,
+                       layout::kRotated ? rot_.data() + std::size_t(layer) * cfg_.kv_heads *
+                                                            rotation::head_words(cfg_.head_dim)
+                                        : nullptr};
   }
 
   /// Bytes holding live data of one layer: codes, fp16 scales and zeros (lo, step), block padding,
@@ -185,11 +195,12 @@ class CompressedKVCache {
   [[nodiscard]] std::size_t allocated_bytes() const {
     return k_blocks_.size() + v_blocks_.size() +
            (k_fp_.size() + v_fp_.size()) * sizeof(window_t) + v_fq_.size() +
-           k_out_.bytes() + v_out_.bytes() + lengths_.size() * sizeof(int);
+           k_out_.bytes() + v_out_.bytes() + lengths_.size() * sizeof(int) + rot_.size() * sizeof(std::uint32_t);
   }
 
   /// Reconstructs what the cache holds for (layer, seq) into k, v: [length][kv_heads][head_dim], every
-  /// row at its token position (selector::positions). For tests and debugging; attention never does this.
+  /// row at its token position (selector::positions), in the original basis (a Rotation's rows
+  /// un-rotated). For tests and debugging; attention never does this.
   void dequantize(int layer, int seq, float* k, float* v) const {
     const int n = length(layer, seq);
     const params_type p = params(layer);
@@ -214,6 +225,12 @@ class CompressedKVCache {
           v[row + c] = p.fp_element(Side::kValue, seq, h, i, c);
         }
       }
+      if constexpr (layout::kRotated)
+        for (int t = 0; t < n; ++t) {
+          const std::size_t row = (std::size_t(t) * H + h) * d;
+          rotation::unrotate(true, p.rotation, h, d, k + row);
+          rotation::unrotate(false, p.rotation, h, d, v + row);
+        }
     }
   }
 
@@ -448,6 +465,7 @@ class CompressedKVCache {
   AlignedBuffer<std::byte> v_fq_;        // their quantized value rows (PartialLogWindow)
   std::vector<int> lengths_;
   std::vector<float> warm_k_, warm_v_;  // LowRankInit::kWarm: each stream's last basis B (d x r)
+  AlignedBuffer<std::uint32_t> rot_;     // Rotation: [layers][kv_heads][rotation::head_words] transform tables
 };
 
 namespace detail {

@@ -15,6 +15,7 @@
 #include <kvc/gear/block_correction.hpp>
 #include <kvc/gear/literal_mode.hpp>
 #include <kvc/quant/no_quantizer.hpp>
+#include <kvc/rotate/rotation.hpp>
 #include <kvc/select/full_precision_window.hpp>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 namespace kvc {
 
@@ -95,6 +97,7 @@ struct resolve_policies {
                                            BlockCorrection<block_outliers, residual, Keys>, NoCorrection>;
   using key_corr = correction_of<key_q, true>;
   using value_corr = correction_of<value_q, false>;
+  using rotation = typename find_policy<kind::rotation, NoRotation, P...>::type;  // NoRotation: none
 };
 
 /// The checks every cache composition passes (the static_asserts read as the error messages).
@@ -124,11 +127,18 @@ struct cache_checks {
   static_assert(detail::count_kind<kind::adaptive_quantizer, P...> == 0,
                 "kvc::QaqQuantizer gives every token its own width, changed every step: its cache is "
                 "CompressedKVCache<QaqQuantizer<...>> alone (mixed-bit buckets, <kvc/qaq/qaq_cache.hpp>), with no "
-                "selector, block size, second quantizer or GEAR correction");
+                "selector, block size, second quantizer, GEAR correction or Rotation (not built for QAQ's records yet)");
   static_assert(detail::count_kind<kind::loader, P...> == 0,
                 "kvc: a loader policy (kvc::AlignedLoader) reads fp16 bit planes: its cache is CompressedKVCache<AlignedLoader<...>> alone "
                 "(<kvc/aligned/aligned_cache.hpp>); loading the fp16 parts of other schemes (KIVI's window, "
                 "LogQuant's full-precision set) through it is not built yet");
+  static_assert(requires(const std::uint32_t* t, float* x) {
+                  R::rotation::head_words(1);
+                  R::rotation::make_tables(1, 1, 1, nullptr);
+                  R::rotation::rotate(true, t, 0, 1, x);
+                },
+                "kvc: the rotation policy must be kvc::Rotation<KeyTransform, ValueTransform> (e.g. "
+                "kvc::Rotation<kvc::Hadamard<>>, kvc::RotateKeys<kvc::Hadamard<>>)");
   static_assert(std::is_void_v<typename R::streaming> || std::is_same_v<typename R::streaming, LiteralMode>,
                 "kvc: the streaming policy must be kvc::LiteralMode (block mode is the default: no policy)");
   static_assert(std::is_void_v<typename R::streaming> || R::kCorrected,
@@ -159,6 +169,8 @@ struct CacheRules {
     check_groups<typename VF::quantizer>(cfg, "value");
     check_correction<KF>(cfg, "key");
     check_correction<VF>(cfg, "value");
+    KVC_CHECK(L::rotation::supports(cfg.head_dim), Errc::kInvalidArgument, "the rotation's transform does not serve head_dim ",
+              cfg.head_dim, " (kvc::Hadamard: head_dim / its largest power-of-two factor must be <= 64)");
     return L::selector::capacity_blocks(cfg.capacity, L::kBlockTokens);
   }
 
@@ -202,6 +214,39 @@ struct CacheRules {
       for (int h = 0; h < x.dim1; ++h)
         for (int c = 0; c < x.dim2; ++c) check_value(x.row(t, h)[c], what, t, h, c);
   }
+  /// The rotated copy of host view x ([tokens][kv_heads][head_dim], contiguous in `buf`) that a rotated
+  /// cache stores, each row through its head's transform (keys: the key side's); throws for the first
+  /// non-finite input element, then for the first rotated element beyond the storable range (naming the
+  /// rotated channel). Without a rotation on that side: checks x and returns it.
+  static KVView rotated_input(KVView x, bool keys, const std::uint32_t* layer_tables, std::vector<float>& buf) {
+    const char* what = keys ? "key" : "value";
+    using Rot = typename L::rotation;
+    if (!(keys ? Rot::kKeys : Rot::kValues)) {
+      check_values(x, what);
+      return x;
+    }
+    const int d = x.dim2;
+    buf.resize(x.size());
+    for (int t = 0; t < x.dim0; ++t)
+      for (int h = 0; h < x.dim1; ++h) {
+        const float* src = x.row(t, h);
+        float* dst = buf.data() + (std::size_t(t) * x.dim1 + h) * d;
+        for (int c = 0; c < d; ++c) {
+          KVC_CHECK(std::isfinite(src[c]), Errc::kNonFinite, what, " token ", t, " head ", h, " channel ", c, " is ",
+                    src[c], " (NaN/Inf rejected)");
+          dst[c] = src[c];
+        }
+        Rot::rotate(keys, layer_tables, h, d, dst);
+        for (int c = 0; c < d; ++c)
+          if (!(std::fabs(dst[c]) <= input_limit())) rotated_out_of_range(what, t, h, c, dst[c]);
+      }
+    return KVView::contiguous(buf.data(), x.dim0, x.dim1, d);
+  }
+  /// The error of a rotated element beyond the storable range (host and device appends).
+  [[noreturn]] static void rotated_out_of_range(const char* what, int t, int h, int c, float x) {
+    fail(Errc::kOutOfRange, what, " token ", t, " head ", h, " rotated channel ", c, " = ", x,
+         " exceeds the storable magnitude ", input_limit(), " (the rotation spreads a row's norm over its channels)");
+  }
   /// The error of one element (nothing when it is storable).
   static void check_value(float x, const char* what, int t, int h, int c) {
     KVC_CHECK(std::isfinite(x), Errc::kNonFinite, what, " token ", t, " head ", h, " channel ", c, " is ", x,
@@ -212,11 +257,17 @@ struct CacheRules {
 
   /// Bytes holding live data of one layer whose `cfg.batch` sequences hold lengths[s] tokens: codes,
   /// fp16 scales and zeros, block padding, correction regions, stream-scope outlier entries with their
-  /// block offsets, full-precision tokens. One fused decode step over the layer reads exactly these.
+  /// block offsets, full-precision tokens, the layer's rotation tables (when rotated and not empty).
+  /// One fused decode step over the layer reads exactly these.
   static std::size_t stored_bytes(const CacheConfig& cfg, const int* lengths) {
     constexpr int B = L::kBlockTokens;
     const int d = cfg.head_dim;
     std::size_t total = 0;
+    for (int s = 0; s < cfg.batch; ++s)
+      if (lengths[s] > 0) {
+        total += L::rotation_bytes(cfg.kv_heads, d);
+        break;
+      }
     for (int s = 0; s < cfg.batch; ++s) {
       const int nb = L::selector::quantized_blocks(lengths[s], B);
       const std::size_t fp_tokens = std::size_t(lengths[s]) - std::size_t(nb) * B;

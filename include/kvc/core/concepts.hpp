@@ -25,6 +25,7 @@ struct residual {};         ///< low-rank residual correction (GEAR)
 struct loader {};           ///< how attention reads stored elements (AlignedKV)
 struct streaming {};        ///< when compressed blocks are recompressed (GEAR's literal mode)
 struct adaptive_quantizer {};  ///< per-token bit-widths chosen every step (QAQ)
+struct rotation {};         ///< orthonormal transform of K/V rows before quantization (kvc::Rotation)
 }  // namespace kind
 
 template <class P>
@@ -117,10 +118,11 @@ struct check_policies {
       count_kind<kind::value_quantizer, P...> <= 1 && count_kind<kind::selector, P...> <= 1 &&
       count_kind<kind::block_layout, P...> <= 1 && count_kind<kind::outlier_filter, P...> <= 1 &&
       count_kind<kind::residual, P...> <= 1 && count_kind<kind::loader, P...> <= 1 &&
-      count_kind<kind::streaming, P...> <= 1 && count_kind<kind::adaptive_quantizer, P...> <= 1;
+      count_kind<kind::streaming, P...> <= 1 && count_kind<kind::adaptive_quantizer, P...> <= 1 &&
+      count_kind<kind::rotation, P...> <= 1;
   static_assert(!kAllPolicies || kNoDuplicates,
                 "kvc: duplicate policy kind: CompressedKVCache takes at most one policy of each kind "
-                "(one quantizer or one keys<>/values<> pair, one selector, one BlockTokens)");
+                "(one quantizer or one keys<>/values<> pair, one selector, one BlockTokens, one Rotation)");
   static constexpr bool kBareQuantizerAlone =
       count_kind<kind::quantizer, P...> == 0 ||
       (count_kind<kind::key_quantizer, P...> == 0 && count_kind<kind::value_quantizer, P...> == 0);
