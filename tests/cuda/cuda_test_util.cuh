@@ -60,6 +60,17 @@ using Kivi3Sink = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<3, 32, kv
 using GearKivi2 = kvc::schemes::GearKivi2;
 using Gear4 = kvc::schemes::Gear4;
 using OutlierQuant4 = kvc::schemes::OutlierQuant4;
+/// Rotated: KIVI-2 (both sides), GEAR keys only (the low-rank fit on rotated blocks), KIVI-3 with a sink at
+/// head dims 80/96 (the Hartley mix across power-of-two blocks).
+using RotKivi2 = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<2, 32, kvc::Axis::kChannel>>,
+                                        kvc::values<kvc::GroupQuantizer<2, 32, kvc::Axis::kToken>>,
+                                        kvc::FullPrecisionWindow<128>, kvc::Rotation<kvc::Hadamard<>>>;
+using RotKeysGear4 = kvc::CompressedKVCache<kvc::UniformQuantizer<4, kvc::Scope::kTensor>, kvc::OutlierFilter<200>,
+                                            kvc::LowRankResidual<kvc::Rho<200>>, kvc::BlockTokens<64>,
+                                            kvc::RotateKeys<kvc::Hadamard<>>>;
+using RotKivi3Sink = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<3, 32, kvc::Axis::kChannel>>,
+                                            kvc::values<kvc::GroupQuantizer<3, 16, kvc::Axis::kToken>>,
+                                            kvc::FullPrecisionWindow<16, 4>, kvc::Rotation<kvc::Hadamard<>>>;
 }  // namespace sch
 using kvc_test::scheme_name;
 using Names = kvc_test::SchemeNames;
@@ -70,6 +81,9 @@ template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sc
 template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::GearKivi2> = "GearKivi2";
 template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::Gear4> = "Gear4";
 template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::OutlierQuant4> = "OutlierQuant4";
+template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::RotKivi2> = "RotKivi2";
+template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::RotKeysGear4> = "RotKeysGear4";
+template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::RotKivi3Sink> = "RotKivi3Sink";
 
 namespace kvc_cuda_test {
 

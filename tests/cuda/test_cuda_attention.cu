@@ -94,6 +94,9 @@ using Cases = ::testing::Types<
     // quantized value rows (fp_element)
     Case<sch::LogQuant2, 64>, Case<sch::LogQuant2, 128>, Case<sch::LogW3, 128>, Case<sch::PartialW40, 64>,
     Case<sch::PartialLogQuant2, 64>,
+    // rotated: both sides, keys only with GEAR, the Hartley-mixed head dims 80/96, a 16-bit query
+    Case<sch::RotKivi2, 128>, Case<sch::RotKeysGear4, 64>, Case<sch::RotKivi3Sink, 80>, Case<sch::RotKivi3Sink, 96>,
+    Case<sch::RotKivi2, 64, kvc::half_t>,
     // 16-bit queries
     Case<sch::Fp16, 128, kvc::half_t>, Case<sch::Kivi2, 128, kvc::half_t>, Case<sch::Bf16, 128, kvc::bfloat16_t>,
     Case<sch::Kivi4, 128, kvc::bfloat16_t>>;

@@ -13,7 +13,8 @@ template <class C>
 class DeviceCache : public ::testing::Test {};
 using CacheSchemes = ::testing::Types<sch::Fp16, sch::Bf16, sch::Fp32, sch::Int8, sch::Kivi4, sch::Kivi2, sch::Kivi3Sink,
                                       sch::GearKivi2, sch::Gear4, sch::OutlierQuant4, sch::LogQuant2, sch::LogW3,
-                                      sch::PartialW40, sch::PartialLogQuant2, sch::LogGear>;
+                                      sch::PartialW40, sch::PartialLogQuant2, sch::LogGear, sch::RotKivi2,
+                                      sch::RotKeysGear4, sch::RotKivi3Sink>;
 TYPED_TEST_SUITE(DeviceCache, CacheSchemes, Names);
 
 /// Appends `x` to both caches with the same calls: a prefill, then single tokens, then the rest; the
@@ -129,9 +130,10 @@ TYPED_TEST(DeviceCache, UploadDownloadRoundTripIsLossless) {
   }
 }
 
-TEST(DeviceCacheErrors, BadInputThrowsTheHostErrorAndChangesNothing) {
-  KVC_REQUIRE_GPU();
-  using C = sch::Kivi2;
+/// Bad input to both appends of a device cache of scheme C throws the host cache's error (same text) and
+/// changes nothing.
+template <class C>
+void check_bad_input() {
   using D = kvc::cuda::device_cache_t<C>;
   const kvc::CacheConfig cfg{1, 2, 2, 64, 400};
   C host(cfg);
@@ -191,6 +193,13 @@ TEST(DeviceCacheErrors, BadInputThrowsTheHostErrorAndChangesNothing) {
 
   C other(kvc::CacheConfig{1, 2, 2, 64, 401});
   EXPECT_THROW(dev.upload(other), kvc::Error);
+}
+
+TEST(DeviceCacheErrors, BadInputThrowsTheHostErrorAndChangesNothing) {
+  KVC_REQUIRE_GPU();
+  check_bad_input<sch::Kivi2>();
+  // Rotated: NaN found in the input, the range checked on the rotated rows (both appends).
+  check_bad_input<sch::RotKivi2>();
 }
 
 TEST(DeviceCacheErrors, CudaFailuresCarryTheRuntimeText) {

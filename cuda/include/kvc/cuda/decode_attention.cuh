@@ -3,7 +3,9 @@
 /// over H_kv KV heads (GQA: query head h reads KV head h / (H / H_kv)), softmax(q.K^T * scale) . V, read
 /// straight from the compressed blocks (detail/decode_kernel.cuh) with flash-decoding splits and a merge.
 /// Instantiated from the same CacheLayout the CPU attention reads, for head dims 64, 80, 96, 128, 256, and
-/// fp32 / fp16 / bf16 queries (the output has the query's type). Host API; kernels run on `stream`.
+/// fp32 / fp16 / bf16 queries (the output has the query's type). A Rotation's query transform runs in the
+/// split kernel's prologue and its output transform in the merge kernel (once per query head, in fp32).
+/// Host API; kernels run on `stream`.
 #pragma once
 
 #include <kvc/attention/split_merge.hpp>
@@ -45,7 +47,8 @@ void launch_decode(const typename Layout::Params& p, int max_blocks, int nseq, i
   const int items = nseq * p.kv_heads * chunks;
   const SplitPlan plan =
       plan_splits(max_blocks, items, opt.target_ctas > 0 ? opt.target_ctas : 4 * dev.sms, opt.min_blocks_per_split);
-  const std::size_t merge_smem = sizeof(float) * std::size_t(merge_smem_floats(plan.splits));
+  using Rot = typename Layout::rotation;
+  const std::size_t merge_smem = sizeof(float) * std::size_t(merge_smem_floats(plan.splits) + (Rot::kValues ? D : 0));
   KVC_CHECK(merge_smem <= 48 * 1024, Errc::kInvalidArgument, "a plan of ", plan.splits,
             " splits exceeds the merge kernel's shared memory: raise DecodeOptions::min_blocks_per_split");
   const std::size_t rows = std::size_t(nseq) * p.kv_heads * group;
@@ -53,9 +56,8 @@ void launch_decode(const typename Layout::Params& p, int max_blocks, int nseq, i
   kernel<<<dim3(unsigned(plan.splits), unsigned(p.kv_heads * chunks), unsigned(nseq)), kDecodeThreads, S::bytes,
            stream>>>(p, q, group, scale_log2, plan, ml.data(), acc.data());
   check_launch("decode_split_kernel");
-  decode_merge_kernel<D, QT><<<dim3(unsigned(p.kv_heads * group), unsigned(nseq)), kDecodeThreads, merge_smem,
-                               stream>>>(
-      plan.splits, ml.data(), acc.data(), out);
+  decode_merge_kernel<D, QT, Rot><<<dim3(unsigned(p.kv_heads * group), unsigned(nseq)), kDecodeThreads, merge_smem,
+                                    stream>>>(plan.splits, ml.data(), acc.data(), out, p.rotation, group);
   check_launch("decode_merge_kernel");
 }
 /// The argument checks every device decode_attention makes first (kvc::Error kInvalidArgument naming the

@@ -31,8 +31,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -57,8 +59,9 @@ class DeviceKVCache {
   using value_quantizer = typename R::value_q;
   using selector = typename R::selector;
   static constexpr int kBlockTokens = R::block::kTokens;
+  using rotation = typename R::rotation;  ///< NoRotation when absent
   using layout = CacheLayout<key_quantizer, value_quantizer, selector, kBlockTokens, typename R::key_corr,
-                             typename R::value_corr, typename R::stream_outliers>;
+                             typename R::value_corr, typename R::stream_outliers, rotation>;
   using params_type = typename layout::Params;
   using key_format = typename layout::key_format;
   using value_format = typename layout::value_format;
@@ -82,6 +85,13 @@ class DeviceKVCache {
     lengths_ = DeviceBuffer<int>(std::size_t(cfg.layers) * cfg.batch);
     host_lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
     first_bad_ = DeviceBuffer<unsigned long long>(1);
+    if constexpr (layout::kRotated) {  // the host cache's tables, drawn from the same seed
+      host_rot_.resize(std::size_t(cfg.layers) * cfg.kv_heads * rotation::head_words(cfg.head_dim));
+      rotation::make_tables(cfg.layers, cfg.kv_heads, cfg.head_dim, host_rot_.data());
+      rot_ = DeviceBuffer<std::uint32_t>(host_rot_.size());
+      check(cudaMemcpy(rot_.data(), host_rot_.data(), host_rot_.size() * sizeof(std::uint32_t), cudaMemcpyHostToDevice),
+            "cudaMemcpy (rotation tables)");
+    }
     if constexpr (kDeviceAppend) {
       check_compress_smem<key_format>("key");
       check_compress_smem<value_format>("value");
@@ -103,12 +113,14 @@ class DeviceKVCache {
   }
 
   /// Appends k.dim0 tokens to sequence `seq` of `layer` from HOST memory (k, v: [tokens][kv_heads][head_dim],
-  /// any strides): validated on the host, copied, then compressed by the device on `stream`.
+  /// any strides): validated (and rotated, with a Rotation) on the host, copied, then compressed by the
+  /// device on `stream`.
   void append(int layer, int seq, KVView k, KVView v, cudaStream_t stream = nullptr) {
     const int tokens = check_append(layer, seq, k, v);
     if (tokens == 0) return;
-    rules::check_values(k, "key");
-    rules::check_values(v, "value");
+    std::vector<float> k_rot, v_rot;
+    k = rules::rotated_input(k, true, host_rotation(layer), k_rot);
+    v = rules::rotated_input(v, false, host_rotation(layer), v_rot);
     const std::size_t count = std::size_t(tokens) * cfg_.kv_heads * cfg_.head_dim;
     std::vector<float> host(2 * count);
     pack(k, host.data());
@@ -131,9 +143,17 @@ class DeviceKVCache {
       KVC_CHECK(x->stride1 == x->dim2 && x->stride0 == std::ptrdiff_t(x->dim1) * x->dim2, Errc::kInvalidArgument,
                 "append_device needs contiguous [tokens][kv_heads][head_dim] inputs (strides ", x->stride0, ", ",
                 x->stride1, ")");
-    scan(k, "key", stream);
-    scan(v, "value", stream);
-    enqueue_append(layer, seq, tokens, k.data, v.data, stream);
+    // With a Rotation, the rows are rotated into scratch first: the inputs are scanned for NaN/Inf, the rotated
+    // rows for the range (as the host cache checks them).
+    const std::size_t count = k.size();
+    StreamScratch<float> rotated(layout::kRotated ? 2 * count : 0, stream);
+    const float* kin = k.data;
+    const float* vin = v.data;
+    if constexpr (rotation::kKeys) kin = rotate_device(layer, k, "key", true, rotated.data(), stream);
+    else scan(k, "key", stream);
+    if constexpr (rotation::kValues) vin = rotate_device(layer, v, "value", false, rotated.data() + count, stream);
+    else scan(v, "value", stream);
+    enqueue_append(layer, seq, tokens, kin, vin, stream);
   }
 
   /// Forgets sequence `seq` in every layer (ordered on `stream` like an append).
@@ -159,7 +179,8 @@ class DeviceKVCache {
                        0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                        layout::kQuantizedFpValues
                            ? self->v_fq_.data() + s0 * layout::kFpSlots * layout::value_row_bytes(cfg_.head_dim)
-                           : nullptr};
+                           : nullptr,
+                       layout::kRotated ? rot_.data() + layout_rotation_offset(layer) : nullptr};
   }
 
   /// Live bytes of one layer (= the bytes one decode step over it reads); the host cache's accounting.
@@ -174,7 +195,8 @@ class DeviceKVCache {
     return elems ? 8.0 * double(bytes) / double(elems) : 0.0;
   }
   [[nodiscard]] std::size_t allocated_bytes() const {
-    return k_blocks_.bytes() + v_blocks_.bytes() + k_fp_.bytes() + v_fp_.bytes() + v_fq_.bytes() + lengths_.bytes();
+    return k_blocks_.bytes() + v_blocks_.bytes() + k_fp_.bytes() + v_fp_.bytes() + v_fq_.bytes() + lengths_.bytes() +
+           rot_.bytes();
   }
 
   /// Copies a host cache of the same policies and config into this one, bit for bit (synchronous:
@@ -249,13 +271,15 @@ class DeviceKVCache {
       }
   }
 
-  /// Throws for the first element of device view x the host cache would reject.
-  void scan(KVView x, const char* what, cudaStream_t stream) const {
+  /// Throws for the first element of device view x the host cache would reject (rotated: x holds rotated rows,
+  /// checked for the range; finite_only: only NaN/Inf, as the inputs of a rotated side are).
+  void scan(KVView x, const char* what, cudaStream_t stream, bool rotated = false, bool finite_only = false) const {
     const unsigned long long n = x.size();
     unsigned long long* first = const_cast<unsigned long long*>(first_bad_.data());
     check(cudaMemcpyAsync(first, &n, sizeof n, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (scan)");
     const int blocks = static_cast<int>(std::min<unsigned long long>((n + 255) / 256, 4096));
-    detail::scan_inputs_kernel<float><<<blocks, 256, 0, stream>>>(x.data, n, rules::input_limit(), first);
+    const float limit = finite_only ? std::numeric_limits<float>::max() : rules::input_limit();
+    detail::scan_inputs_kernel<float><<<blocks, 256, 0, stream>>>(x.data, n, limit, first);
     check_launch("scan_inputs_kernel");
     unsigned long long bad = n;
     check(cudaMemcpyAsync(&bad, first, sizeof bad, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync (scan)");
@@ -264,9 +288,31 @@ class DeviceKVCache {
     float value = 0.0f;
     check(cudaMemcpy(&value, x.data + bad, sizeof value, cudaMemcpyDeviceToHost), "cudaMemcpy (scan)");
     const auto per_token = std::size_t(x.dim1) * x.dim2;
-    rules::check_value(value, what, int(bad / per_token), int(bad % per_token / x.dim2), int(bad % x.dim2));
+    const int t = int(bad / per_token), h = int(bad % per_token / x.dim2), c = int(bad % x.dim2);
+    if (rotated && std::isfinite(value)) rules::rotated_out_of_range(what, t, h, c, value);
+    rules::check_value(value, what, t, h, c);
     kvc::detail::fail(Errc::kCuda, "scan_inputs_kernel flagged ", what, " element ", bad, " (", value,
                       ") that the host check accepts");
+  }
+
+  /// append_device's rotation of one side: scans x (device, contiguous) for NaN/Inf, writes its rotated rows to
+  /// `out` on `stream` and scans them for the range; returns out.
+  float* rotate_device(int layer, KVView x, const char* what, bool keys, float* out, cudaStream_t stream) const {
+    scan(x, what, stream, false, true);
+    const int rows = x.dim0 * x.dim1;
+    detail::rotate_rows_kernel<rotation><<<(rows + 127) / 128, 128, 0, stream>>>(x.data, out, rows, cfg_.kv_heads,
+                                                                               cfg_.head_dim, params(layer).rotation, keys);
+    check_launch("rotate_rows_kernel");
+    scan(KVView::contiguous(out, x.dim0, x.dim1, x.dim2), what, stream, true);
+    return out;
+  }
+
+  std::size_t layout_rotation_offset(int layer) const noexcept {
+    return std::size_t(layer) * cfg_.kv_heads * rotation::head_words(cfg_.head_dim);
+  }
+  /// The host copy of one layer's rotation tables (host appends rotate on the host; nullptr without).
+  const std::uint32_t* host_rotation(int layer) const noexcept {
+    return layout::kRotated ? host_rot_.data() + layout_rotation_offset(layer) : nullptr;
   }
 
   /// Rejects, at construction, a block the compression kernel cannot hold in shared memory.
@@ -387,6 +433,8 @@ class DeviceKVCache {
   DeviceBuffer<int> lengths_;
   std::vector<int> host_lengths_;
   DeviceBuffer<unsigned long long> first_bad_;  // the input scan's result
+  DeviceBuffer<std::uint32_t> rot_;             // Rotation: [layers][kv_heads][head_words] transform tables
+  std::vector<std::uint32_t> host_rot_;         // ... and their host copy (host appends rotate with it)
   std::unique_ptr<CudaLinalg> linalg_;  // GEAR's low-rank fit, created on first use
 };
 

@@ -271,6 +271,19 @@ __global__ void quantize_value_rows_kernel(const __grid_constant__ typename Layo
   if (threadIdx.x == 0) Layout::value_row_format::quantize(row_smem, d, p.value_row_slot(seq, head, slot));
 }
 
+/// y[r] <- R x[r] for the rows r < rows of x ([rows][d] fp32, row r of KV head r % kv_heads) through the
+/// keys' (keys) or the values' transform of Rot with one layer's tables: one thread per row (a row's
+/// transform is sequential; this runs once per appended token and head).
+template <class Rot>
+__global__ void rotate_rows_kernel(const float* __restrict__ x, float* __restrict__ y, int rows, int kv_heads, int d,
+                                   const std::uint32_t* __restrict__ tables, bool keys) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  float* dst = y + std::size_t(r) * d;
+  for (int c = 0; c < d; ++c) dst[c] = x[std::size_t(r) * d + c];
+  Rot::rotate(keys, tables, r % kv_heads, d, dst);
+}
+
 /// first_bad <- min(first_bad, index of the first element of x[0, n) that is not finite or exceeds
 /// `limit` in magnitude). first_bad starts at n.
 template <class T>

@@ -132,6 +132,10 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const int h = i / D;
     qs[i] = h < heads ? StorageTraits<QT>::load(q[std::size_t(qrow0 + h) * D + (i - h * D)]) * scale_log2 : 0.0f;
   }
+  if constexpr (Layout::rotation::kKeys) {  // the scaled query in the keys' rotated basis: one thread per head
+    __syncthreads();
+    if (threadIdx.x < heads) Layout::rotation::rotate(true, p.rotation, kvh, D, qs + threadIdx.x * D);
+  }
   if (threadIdx.x < Heads) {
     st_m[threadIdx.x] = neg_inf();
     st_l[threadIdx.x] = 0.0f;
@@ -256,19 +260,30 @@ __global__ void __launch_bounds__(kDecodeThreads)
 /// Dynamic shared memory of the merge kernel, in floats: the split weights, then 1 / L, padded to whole
 /// 16-byte words. ptxas may fuse the remainder of merge_apply's loop over the weights into one wider load
 /// (memcheck on sm_90 saw a 12-byte read of a 2-float allocation), which stays inside the padded words.
-constexpr int merge_smem_floats(int splits) { return (splits + 1 + 3) / 4 * 4; }
+__host__ __device__ constexpr int merge_smem_floats(int splits) { return (splits + 1 + 3) / 4 * 4; }
 
 /// Merge kernel: grid (query head, sequence); row = sequence * query_heads + head. Dynamic shared memory:
-/// merge_smem_floats(splits) floats.
-template <int D, class QT>
+/// merge_smem_floats(splits) floats, plus D with value rotation (Rot::kValues: the merged row is un-rotated
+/// there, o = R_v^T o', by one thread, with the tables `rot` of KV head = query head / group).
+template <int D, class QT, class Rot = NoRotation>
 __global__ void __launch_bounds__(kDecodeThreads)
-    decode_merge_kernel(int splits, const float* __restrict__ ml, const float* __restrict__ acc, QT* __restrict__ out) {
+    decode_merge_kernel(int splits, const float* __restrict__ ml, const float* __restrict__ acc, QT* __restrict__ out,
+                        const std::uint32_t* __restrict__ rot = nullptr, int group = 1) {
   extern __shared__ float merge_smem[];
   const std::size_t row = std::size_t(blockIdx.y) * gridDim.x + blockIdx.x;
   if (threadIdx.x == 0)
     merge_smem[splits] = merge_weights(splits, ml + row * splits * 2, ml + row * splits * 2 + 1, 2, merge_smem);
   __syncthreads();
-  merge_apply(splits, merge_smem, merge_smem[splits], acc + row * splits * D, D, D, out + row * D, threadIdx.x,
-              blockDim.x);
+  if constexpr (Rot::kValues) {
+    float* o = merge_smem + merge_smem_floats(splits);
+    merge_apply(splits, merge_smem, merge_smem[splits], acc + row * splits * D, D, D, o, threadIdx.x, blockDim.x);
+    __syncthreads();
+    if (threadIdx.x == 0) Rot::unrotate(false, rot, int(blockIdx.x) / group, D, o);
+    __syncthreads();
+    for (int c = threadIdx.x; c < D; c += blockDim.x) out[row * D + c] = StorageTraits<QT>::store(o[c]);
+  } else {
+    merge_apply(splits, merge_smem, merge_smem[splits], acc + row * splits * D, D, D, out + row * D, threadIdx.x,
+                blockDim.x);
+  }
 }
 }  // namespace kvc::cuda::detail
