@@ -231,6 +231,25 @@ void BM_DecodeAttentionAligned(benchmark::State& state) {
   kvc_bench::roofline::set_counters(state, work, times.steps, times.read_bandwidth(state));
 }
 
+/// What a Rotation adds to one decode step, alone: the 32 query heads rotated (with the scale and checks
+/// decode_attention applies) and the 32 output rows un-rotated. Compare with a BM_DecodeAttention row's time.
+template <class Cache>
+void BM_RotationStep(benchmark::State& state) {
+  const auto cache = build_cache<Cache>(64);
+  const auto p = cache->params(0);
+  const std::vector<float> q = bench_query();
+  std::vector<float> out(q.size(), 1.0f);
+  const auto qv = kvc::QueryView::contiguous(q.data(), 1, kKvHeads * kGqa, kHeadDim);
+  for (auto _ : state) {
+    auto qs = kvc::detail::rotated_query<typename Cache::layout>(p, kvc::detail::scaled_query(qv, 0.125f), qv, kGqa);
+    for (int h = 0; h < kKvHeads * kGqa; ++h)
+      Cache::rotation::unrotate(false, p.rotation, h / kGqa, kHeadDim, out.data() + std::size_t(h) * kHeadDim);
+    benchmark::DoNotOptimize(qs.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["heads"] = kKvHeads * kGqa;
+}
+
 template <class Cache>
 void BM_Append(benchmark::State& state) {
   const int tokens = 4096;
@@ -497,6 +516,13 @@ const int registered = [] {
   register_scheme<kvc::schemes::LogQuant4>("logquant4");
   register_scheme<kvc::schemes::PartialLogQuant2>("partiallogquant2");  // + quantized value rows
   register_scheme<kvc::schemes::Kivi2Budget126>("kivi2_g64_w126");
+  // Rotation: the query rotated and the output un-rotated once per step and head; nothing per token.
+  register_scheme<kvc::schemes::Int4>("int4");
+  register_scheme<kvc::schemes::Rotated<kvc::schemes::Int4>>("int4_rot");
+  register_scheme<kvc::schemes::Rotated<kvc::schemes::Kivi4>>("kivi4_rot");
+  register_scheme<kvc::schemes::Rotated<kvc::schemes::Kivi2>>("kivi2_rot");
+  benchmark::RegisterBenchmark("BM_RotationStep/hadamard", BM_RotationStep<kvc::schemes::Rotated<kvc::schemes::Int4>>)
+      ->Unit(benchmark::kMicrosecond);
   // AlignedKV: fp16 in bit planes read at the tiers its rules choose, and the same kernel forced to 16 bits.
   benchmark::RegisterBenchmark("BM_DecodeAttention/aligned_fp16", BM_DecodeAttentionAligned<kvc::CompressedKVCache<kvc::AlignedLoader<>>>)
       ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);

@@ -142,6 +142,12 @@ using SinkKivi = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<Bits, 64, 
                                         kvc::values<kvc::GroupQuantizer<Bits, 64, kvc::Axis::kToken>>,
                                         kvc::FullPrecisionWindow<Window, 64>, Corrections...>;
 
+/// KIVI-4 on `Block`-token key groups and 64-channel value groups with no full-precision tokens beyond the
+/// incomplete block (none at multiples of `Block`).
+template <int Block>
+using Kivi4Blocks = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<4, Block, kvc::Axis::kChannel>>,
+                                               kvc::values<kvc::GroupQuantizer<4, 64, kvc::Axis::kToken>>>;
+
 /// Outliers on one side only: 0.4 % of a 64 x 64 block is 16 outliers, exactly one 64-byte line.
 template <int BasisPoints>
 using KeyOutliers = kvc::OutlierFilter<BasisPoints, kvc::OutlierScope::kBlock, 0>;
@@ -285,6 +291,38 @@ inline const std::vector<SchemeEntry>& scheme_registry() {
       entry<SinkKivi<4, 64, OutlierFilter<100>>>("gear-kivi4-b64-w64-sink64-s1", "kivi4-b64-w64-sink64 + 1 % outliers"),
       entry<KiviWith<2, 32, 32, 128, OutlierFilter<100>, LowRankResidual<Rank<1>>>>(
           "gear-kivi2-s1-r1", "KIVI-2 (group 32, window 128) + 1 % outliers, rank 1"),
+      // Rotation (rotate/rotation.hpp): K and V through a randomized Hadamard transform before quantization,
+      // beside the same schemes unrotated; "-rotv" rotates the values only (per-channel key groups keep theirs).
+      entry<Int4>("int4", "4-bit per-token uniform (endpoint codec), no window"),
+      entry<Rotated<Int4>>("int4-rot", "int4 with K and V Hadamard-rotated"),
+      entry<CompressedKVCache<UniformQuantizer<4, Scope::kToken>, FullPrecisionWindow<16>>>(
+          "int4-w16", "4-bit per-token uniform, 16-token fp16 window"),
+      entry<Rotated<CompressedKVCache<UniformQuantizer<4, Scope::kToken>, FullPrecisionWindow<16>>>>(
+          "int4-w16-rot", "int4-w16 with K and V Hadamard-rotated"),
+      entry<CompressedKVCache<UniformQuantizer<3, Scope::kToken>>>("int3", "3-bit per-token uniform, no window"),
+      entry<Rotated<CompressedKVCache<UniformQuantizer<3, Scope::kToken>>>>("int3-rot", "int3 with K and V Hadamard-rotated"),
+      entry<Rotated<Kivi4>>("kivi4-rot", "kivi4 with K and V Hadamard-rotated"),
+      entry<RotatedValues<Kivi4>>("kivi4-rotv", "kivi4 with V Hadamard-rotated"),
+      entry<Rotated<Kivi<3>>>("kivi3-rot", "kivi3 with K and V Hadamard-rotated"),
+      entry<RotatedValues<Kivi<3>>>("kivi3-rotv", "kivi3 with V Hadamard-rotated"),
+      entry<Rotated<Kivi2>>("kivi2-rot", "kivi2 with K and V Hadamard-rotated"),
+      entry<RotatedValues<Kivi2>>("kivi2-rotv", "kivi2 with V Hadamard-rotated"),
+      entry<Rotated<SinkKivi<4>>>("kivi4-b64-sink64-rot", "kivi4-b64-sink64 with K and V Hadamard-rotated"),
+      entry<RotatedValues<SinkKivi<4>>>("kivi4-b64-sink64-rotv", "kivi4-b64-sink64 with V Hadamard-rotated"),
+      // 4.5 / 4.375 bits at 2048 tokens: KIVI-4 on 64- or 128-token key blocks, 64-channel value groups, no fp16 tokens.
+      entry<Kivi4Blocks<64>>("kivi4-b64", "4-bit, 64-token key groups, 64-channel value groups, no fp16 tokens"),
+      entry<Rotated<Kivi4Blocks<64>>>("kivi4-b64-rot", "kivi4-b64 with K and V Hadamard-rotated"),
+      entry<RotatedValues<Kivi4Blocks<64>>>("kivi4-b64-rotv", "kivi4-b64 with V Hadamard-rotated"),
+      entry<Kivi4Blocks<128>>("kivi4-b128", "4-bit, 128-token key groups, 64-channel value groups, no fp16 tokens"),
+      entry<Rotated<Kivi4Blocks<128>>>("kivi4-b128-rot", "kivi4-b128 with K and V Hadamard-rotated"),
+      entry<RotatedValues<Kivi4Blocks<128>>>("kivi4-b128-rotv", "kivi4-b128 with V Hadamard-rotated"),
+      entry<Rotated<LogQuant2>>("logquant2-rot", "logquant2 with K and V Hadamard-rotated"),
+      entry<RotatedValues<LogQuant2>>("logquant2-rotv", "logquant2 with V Hadamard-rotated"),
+      entry<Rotated<LogQuant4>>("logquant4-rot", "logquant4 with K and V Hadamard-rotated"),
+      entry<RotatedValues<LogQuant4>>("logquant4-rotv", "logquant4 with V Hadamard-rotated"),
+      entry<Rotated<Gear4>>("gear4-rot", "gear4 with K and V Hadamard-rotated"),
+      entry<Rotated<GearKivi2>>("gear-kivi2-rot", "gear-kivi2 with K and V Hadamard-rotated"),
+      entry<RotatedValues<GearKivi2>>("gear-kivi2-rotv", "gear-kivi2 with V Hadamard-rotated"),
       // AlignedKV (SPEC §3): fp16 K/V in bit planes, decode attention loading 8, 12 or 16 leading bits per element.
       entry<CompressedKVCache<AlignedLoader<>>>("aligned-fp16",
                                                "AlignedKV: fp16 planes read at Rule 1/2 tiers (4 / 8 binades, top-32)"),

@@ -9,6 +9,7 @@
 #include <kvc/quant/group_quantizer.hpp>
 #include <kvc/quant/no_quantizer.hpp>
 #include <kvc/quant/uniform_quantizer.hpp>
+#include <kvc/rotate/rotation.hpp>
 #include <kvc/select/full_precision_window.hpp>
 #include <kvc/select/log_window.hpp>
 
@@ -20,6 +21,9 @@ using Fp32 = CompressedKVCache<NoQuantizer<float>>;
 using Fp16 = CompressedKVCache<NoQuantizer<half_t>>;
 /// 8-bit per-token uniform quantization of keys and values (8 + 32/head_dim bits/element).
 using Int8 = CompressedKVCache<UniformQuantizer<8, Scope::kToken>>;
+/// 4-bit per-token uniform quantization of keys and values (4 + 32/head_dim bits/element): the grid a
+/// rotation helps most (Rotated<Int4>).
+using Int4 = CompressedKVCache<UniformQuantizer<4, Scope::kToken>>;
 /// KIVI: keys per channel over Group-token blocks, values per token in Group-channel groups, the
 /// newest `Window` tokens in fp16 (sliding).
 template <int Bits, int Group = 32, int Window = 128>
@@ -82,4 +86,20 @@ using GearKivi4 = KiviWith<4, 128, 64, 0, OutlierFilter<100>, LowRankResidual<Ra
 /// GEAR on exactly KIVI-2's backbone (group 32, 128-token window): 0.5 % outliers, rank 1 (1 % costs
 /// 1.4x KIVI-2's decode time for KL 0.118 instead of 0.139 on SmolLM2; README).
 using GearKivi2 = KiviWith<2, 32, 32, 128, OutlierFilter<50>, LowRankResidual<Rank<1>>>;
+
+namespace detail {
+template <class Cache, class... Extra>
+struct add_policies;
+template <class... P, class... Extra>
+struct add_policies<CompressedKVCache<P...>, Extra...> {
+  using type = CompressedKVCache<P..., Extra...>;
+};
+}  // namespace detail
+/// Scheme `Cache` with its keys and values rotated before quantization (rotate/rotation.hpp; default: a
+/// randomized Hadamard transform of both sides). E.g. Rotated<Kivi2>, Rotated<Int4>.
+template <class Cache, class Rot = Rotation<Hadamard<>>>
+using Rotated = typename detail::add_policies<Cache, Rot>::type;
+/// ... values only (per-channel key groups, as KIVI's, already isolate outlier channels).
+template <class Cache>
+using RotatedValues = Rotated<Cache, RotateValues<Hadamard<>>>;
 }  // namespace kvc::schemes
