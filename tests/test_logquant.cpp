@@ -198,10 +198,7 @@ TYPED_TEST(LogQuantCache, AttentionMatchesOracleAroundEveryBoundary) {
         gen.outlier_scale = 4.0f;
         auto f = make_filled<Cache>(1, H, d, lengths, seed++, gen);
         const auto q = random_query(nseq, Hq, d, seed++);
-        const auto want = oracle_cache(*f.cache, 0, q, nseq, Hq);
-        double maxv = 0.0;
-        for (int s = 0; s < nseq; ++s) maxv = std::max(maxv, max_abs(dequantize(*f.cache, 0, s).v));
-        expect_fused_matches_oracle(*f.cache, 0, q, nseq, Hq, want, maxv, 1e-5);
+        expect_fused_matches_oracle(*f.cache, 0, q, nseq, Hq, 1e-5);
       }
     }
 }

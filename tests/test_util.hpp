@@ -114,12 +114,14 @@ std::vector<float> oracle_cache(const Cache& c, int layer, const std::vector<flo
   return out;
 }
 
-/// The fused attention at both precisions on every runnable SIMD path against `want` (the oracle on the
-/// cache's reconstruction, oracle_cache): exact (splits forced down to one block) within eps * maxv, maxv the
-/// largest |value| held; fast within the kernel's own bound (0.1 of max |want| per element, 0.05 of its rms).
+/// The fused attention at both precisions on every runnable SIMD path against the oracle on the cache's
+/// reconstruction (oracle_cache): exact (splits forced down to one block) within eps * maxv, maxv the largest
+/// |value| held; fast within the kernel's own bound (0.1 of max |oracle| per element, 0.05 of its rms).
 template <class Cache>
-void expect_fused_matches_oracle(const Cache& c, int layer, const std::vector<float>& q, int nseq, int Hq,
-                                 const std::vector<float>& want, double maxv, double eps) {
+void expect_fused_matches_oracle(const Cache& c, int layer, const std::vector<float>& q, int nseq, int Hq, double eps) {
+  const auto want = oracle_cache(c, layer, q, nseq, Hq);
+  double maxv = 0.0;
+  for (int s = 0; s < nseq; ++s) maxv = std::max(maxv, max_abs(dequantize(c, layer, s).v));
   KVC_FOR_EACH_ISA(isa) {
     SCOPED_TRACE(kvc::isa_name(isa));
     kvc::AttentionOptions exact;
