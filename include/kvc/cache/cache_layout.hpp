@@ -294,9 +294,13 @@ struct CacheLayout {
   /// key transform and un-rotates its output with the value transform (rotate/rotation.hpp).
   using rotation = Rot;
   static constexpr bool kRotated = Rot::kActive;
-  /// Bytes of one layer's rotation tables (0 without a rotation).
+  /// 32-bit words of one layer's rotation tables, [kv_heads][Rot::head_words] (0 without a rotation); a
+  /// container holds [layers] of them, layer l's at l * rotation_words.
+  KVC_HOST_DEVICE static constexpr std::size_t rotation_words(int kv_heads, int d) noexcept {
+    return std::size_t(kv_heads) * Rot::head_words(d);
+  }
   KVC_HOST_DEVICE static constexpr std::size_t rotation_bytes(int kv_heads, int d) noexcept {
-    return std::size_t(kv_heads) * Rot::head_words(d) * sizeof(std::uint32_t);
+    return rotation_words(kv_heads, d) * sizeof(std::uint32_t);
   }
 
   /// One layer's view of the cache. Trivially copyable; pointers are host or device memory.

@@ -94,7 +94,7 @@ class CompressedKVCache {
     if constexpr (layout::kKeyStreamOutliers) k_out_ = OutlierTable(streams, cap_blocks_, out_cap_);
     if constexpr (layout::kValueStreamOutliers) v_out_ = OutlierTable(streams, cap_blocks_, out_cap_);
     if constexpr (layout::kRotated) {
-      rot_ = AlignedBuffer<std::uint32_t>(std::size_t(cfg.layers) * cfg.kv_heads * rotation::head_words(cfg.head_dim));
+      rot_ = AlignedBuffer<std::uint32_t>(cfg.layers * layout::rotation_words(cfg.kv_heads, cfg.head_dim));
       rotation::make_tables(cfg.layers, cfg.kv_heads, cfg.head_dim, rot_.data());
     }
     if constexpr (kWarmStart) {
@@ -172,8 +172,7 @@ class CompressedKVCache {
                        layout::kQuantizedFpValues
                            ? self->v_fq_.data() + s0 * layout::kFpSlots * layout::value_row_bytes(cfg_.head_dim)
                            : nullptr,
-                       layout::kRotated ? rot_.data() + std::size_t(layer) * cfg_.kv_heads *
-                                                            rotation::head_words(cfg_.head_dim)
+                       layout::kRotated ? rot_.data() + layer * layout::rotation_words(cfg_.kv_heads, cfg_.head_dim)
                                         : nullptr};
   }
 

@@ -232,8 +232,7 @@ struct CacheRules {
         const float* src = x.row(t, h);
         float* dst = buf.data() + (std::size_t(t) * x.dim1 + h) * d;
         for (int c = 0; c < d; ++c) {
-          KVC_CHECK(std::isfinite(src[c]), Errc::kNonFinite, what, " token ", t, " head ", h, " channel ", c, " is ",
-                    src[c], " (NaN/Inf rejected)");
+          check_finite(src[c], what, t, h, c);
           dst[c] = src[c];
         }
         Rot::rotate(keys, layer_tables, h, d, dst);
@@ -247,10 +246,14 @@ struct CacheRules {
     fail(Errc::kOutOfRange, what, " token ", t, " head ", h, " rotated channel ", c, " = ", x,
          " exceeds the storable magnitude ", input_limit(), " (the rotation spreads a row's norm over its channels)");
   }
-  /// The error of one element (nothing when it is storable).
-  static void check_value(float x, const char* what, int t, int h, int c) {
+  /// The error of a non-finite element (nothing when it is finite).
+  static void check_finite(float x, const char* what, int t, int h, int c) {
     KVC_CHECK(std::isfinite(x), Errc::kNonFinite, what, " token ", t, " head ", h, " channel ", c, " is ", x,
               " (NaN/Inf rejected)");
+  }
+  /// The error of one element (nothing when it is storable).
+  static void check_value(float x, const char* what, int t, int h, int c) {
+    check_finite(x, what, t, h, c);
     KVC_CHECK(std::fabs(x) <= input_limit(), Errc::kOutOfRange, what, " token ", t, " head ", h, " channel ", c, " = ",
               x, " exceeds the storable magnitude ", input_limit());
   }
@@ -263,11 +266,8 @@ struct CacheRules {
     constexpr int B = L::kBlockTokens;
     const int d = cfg.head_dim;
     std::size_t total = 0;
-    for (int s = 0; s < cfg.batch; ++s)
-      if (lengths[s] > 0) {
-        total += L::rotation_bytes(cfg.kv_heads, d);
-        break;
-      }
+    if (std::any_of(lengths, lengths + cfg.batch, [](int n) { return n > 0; }))
+      total += L::rotation_bytes(cfg.kv_heads, d);
     for (int s = 0; s < cfg.batch; ++s) {
       const int nb = L::selector::quantized_blocks(lengths[s], B);
       const std::size_t fp_tokens = std::size_t(lengths[s]) - std::size_t(nb) * B;

@@ -63,7 +63,7 @@ template <std::uint64_t Seed = 0x6b76632d726f7461ull>
 struct Hadamard {
   static constexpr bool kActive = true;
   static constexpr std::uint64_t kSeed = Seed;
-  /// Largest m = d / p served (the DCT across blocks keeps m values in registers / local memory).
+  /// Largest m = d / p served (the Hartley mix across blocks keeps m values in registers / local memory).
   static constexpr int kMaxBlocks = 64;
   static constexpr const char* name() noexcept { return "hadamard"; }
 

@@ -86,7 +86,7 @@ class DeviceKVCache {
     host_lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
     first_bad_ = DeviceBuffer<unsigned long long>(1);
     if constexpr (layout::kRotated) {  // the host cache's tables, drawn from the same seed
-      host_rot_.resize(std::size_t(cfg.layers) * cfg.kv_heads * rotation::head_words(cfg.head_dim));
+      host_rot_.resize(cfg.layers * layout::rotation_words(cfg.kv_heads, cfg.head_dim));
       rotation::make_tables(cfg.layers, cfg.kv_heads, cfg.head_dim, host_rot_.data());
       rot_ = DeviceBuffer<std::uint32_t>(host_rot_.size());
       check(cudaMemcpy(rot_.data(), host_rot_.data(), host_rot_.size() * sizeof(std::uint32_t), cudaMemcpyHostToDevice),
@@ -180,7 +180,7 @@ class DeviceKVCache {
                        layout::kQuantizedFpValues
                            ? self->v_fq_.data() + s0 * layout::kFpSlots * layout::value_row_bytes(cfg_.head_dim)
                            : nullptr,
-                       layout::kRotated ? rot_.data() + layout_rotation_offset(layer) : nullptr};
+                       layout::kRotated ? rot_.data() + rotation_offset(layer) : nullptr};
   }
 
   /// Live bytes of one layer (= the bytes one decode step over it reads); the host cache's accounting.
@@ -307,12 +307,12 @@ class DeviceKVCache {
     return out;
   }
 
-  std::size_t layout_rotation_offset(int layer) const noexcept {
-    return std::size_t(layer) * cfg_.kv_heads * rotation::head_words(cfg_.head_dim);
+  std::size_t rotation_offset(int layer) const noexcept {
+    return layer * layout::rotation_words(cfg_.kv_heads, cfg_.head_dim);
   }
   /// The host copy of one layer's rotation tables (host appends rotate on the host; nullptr without).
   const std::uint32_t* host_rotation(int layer) const noexcept {
-    return layout::kRotated ? host_rot_.data() + layout_rotation_offset(layer) : nullptr;
+    return layout::kRotated ? host_rot_.data() + rotation_offset(layer) : nullptr;
   }
 
   /// Rejects, at construction, a block the compression kernel cannot hold in shared memory.
