@@ -643,14 +643,16 @@ struct QaqShape {
 class QaqCacheAttention : public ::testing::TestWithParam<QaqShape> {};
 
 // Ragged prefill, then decode steps: after every step the fused output equals the oracle on what the cache
-// holds, the probabilities handed back equal the oracle's (max over the group), and widths move.
-TEST_P(QaqCacheAttention, MatchesTheOracleWhileWidthsChangeEveryStep) {
-  const auto [d, H, Hq] = GetParam();
+// holds (in the original basis: a Rotation's rows un-rotated), the probabilities handed back equal the oracle's
+// (max over the group), and widths move.
+template <class Cache>
+void matches_the_oracle_while_widths_change(QaqShape shape) {
+  const auto [d, H, Hq] = shape;
   const std::vector<int> prefill{5, 17, 40};
   const int steps = 24, batch = int(prefill.size());
   std::vector<kvc_test::KV> x;
   for (int s = 0; s < batch; ++s) x.push_back(kvc_test::random_kv(prefill[std::size_t(s)] + steps, H, d, 100 + s));
-  Qaq c({1, batch, H, d, 128}, {1e-2, 5e-2}, unit_calibration(1, H, d));
+  Cache c({1, batch, H, d, 128}, {1e-2, 5e-2}, unit_calibration(1, H, d));
   for (int s = 0; s < batch; ++s)
     c.append(0, s, x[std::size_t(s)].kview(0, prefill[std::size_t(s)]), x[std::size_t(s)].vview(0, prefill[std::size_t(s)]));
   kvc::qaq::TokenProbs probs;
@@ -745,11 +747,11 @@ TEST_P(QaqCacheAttention, MatchesTheOracleWhileWidthsChangeEveryStep) {
     for (int s = 0; s < batch; ++s)
       for (int h = 0; h < H; ++h) {
         const kvc::qaq::StepWidths<> rule(c.length(0, s), c.targets().key_sigma_s, 1.0, c.targets().value_sigma_x,
-                                          Qaq::quantizer::widths());
+                                          Cache::quantizer::widths());
         const auto& hist = c.histories(0, s, h);
         for (int side = 0; side < 2; ++side)
           c.for_each_record(side == 0 ? c.keys(0, s, h) : c.values(0, s, h), [&](const std::byte* r, int b, std::uint32_t t) {
-            ASSERT_EQ(b, Qaq::quantizer::width(hist[t], Qaq::record::meta(r), rule, side == 0))
+            ASSERT_EQ(b, Cache::quantizer::width(hist[t], Cache::record::meta(r), rule, side == 0))
                 << "step " << step << " seq " << s << " head " << h << " side " << side << " token " << t;
           });
       }
@@ -776,9 +778,17 @@ TEST_P(QaqCacheAttention, MatchesTheOracleWhileWidthsChangeEveryStep) {
   }
 }
 
+TEST_P(QaqCacheAttention, MatchesTheOracleWhileWidthsChangeEveryStep) { matches_the_oracle_while_widths_change<Qaq>(GetParam()); }
+// The same with K and V Hadamard-rotated (rotate/rotation.hpp): records, mirror and raises in the rotated basis,
+// the query rotated and the output un-rotated by the fused kernels.
+TEST_P(QaqCacheAttention, RotatedMatchesTheOracleWhileWidthsChangeEveryStep) {
+  matches_the_oracle_while_widths_change<kvc::CompressedKVCache<kvc::QaqQuantizer<>, kvc::Rotation<kvc::Hadamard<>>>>(
+      GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, QaqCacheAttention,
                          ::testing::Values(QaqShape{64, 2, 2}, QaqShape{64, 1, 3}, QaqShape{128, 2, 8}, QaqShape{128, 3, 9},
-                                           QaqShape{64, 1, 8}, QaqShape{128, 1, 16}),
+                                           QaqShape{64, 1, 8}, QaqShape{128, 1, 16}, QaqShape{80, 2, 4}),
                          [](const auto& i) {
                            return "d" + std::to_string(i.param.d) + "_kv" + std::to_string(i.param.H) + "_q" +
                                   std::to_string(i.param.Hq);
@@ -916,9 +926,11 @@ TEST(QaqCache, FusedStepErrorsLeaveTheCacheUnchanged) {
   EXPECT_EQ(c.update_stats().updates, before.stats.updates + 1);
 }
 
-/// Every record of (layer 0, seq) reconstructs exactly as the original (x) quantized at the record's width.
-void expect_records_are_the_original_at_their_width(const Qaq& c, int seq, const kvc_test::KV& x) {
-  using Q = Qaq::quantizer;
+/// Every record of (layer 0, seq) reconstructs exactly as the original (x; with a Rotation, R x rounded to fp16 as
+/// the mirror holds it) quantized at the record's width.
+template <class Cache>
+void expect_records_are_the_original_at_their_width(const Cache& c, int seq, const kvc_test::KV& x) {
+  using Q = typename Cache::quantizer;
   const int d = x.d;
   for (int h = 0; h < x.H; ++h)
     for (int side = 0; side < 2; ++side) {
@@ -926,9 +938,10 @@ void expect_records_are_the_original_at_their_width(const Qaq& c, int seq, const
       c.for_each_record(sd, [&](const std::byte* r, int b, std::uint32_t t) {
         const std::size_t n = static_cast<std::size_t>(d);
         std::vector<float> orig(n), got(n), fresh(n);
-        for (int i = 0; i < d; ++i)
-          orig[std::size_t(i)] = kvc::half_t::from_float((side == 0 ? x.k : x.v)[x.at(int(t), h, i)]).to_float();
-        Qaq::record::decode(r, d, b, got.data());
+        for (int i = 0; i < d; ++i) orig[std::size_t(i)] = (side == 0 ? x.k : x.v)[x.at(int(t), h, i)];
+        if constexpr (Cache::kRotated) Cache::rotation::rotate(side == 0, c.rotation_tables(0), h, d, orig.data());
+        for (float& o : orig) o = kvc::half_t::from_float(o).to_float();
+        Cache::record::decode(r, d, b, got.data());
         const Coded f = code<Q>(orig);
         std::vector<std::uint8_t> cb(n);
         for (int i = 0; i < d; ++i) cb[std::size_t(i)] = Q::narrow(f.codes[std::size_t(i)], b);
@@ -938,10 +951,11 @@ void expect_records_are_the_original_at_their_width(const Qaq& c, int seq, const
     }
 }
 
-TEST(QaqCache, LoweringShiftsAndRaisingRestoresFromTheMirror) {
-  const int d = 64, H = 2, T = 60;
+template <class Cache>
+void lowering_shifts_and_raising_restores_from_the_mirror(int d) {
+  const int H = 2, T = 60;
   const kvc_test::KV x = kvc_test::random_kv(T, H, d, 42);
-  Qaq c({1, 1, H, d, 64}, {1.0, 1.0}, unit_calibration(1, H, d));
+  Cache c({1, 1, H, d, 64}, {1.0, 1.0}, unit_calibration(1, H, d));
   c.append(0, 0, x.kview(0, T), x.vview(0, T));
   expect_records_are_the_original_at_their_width(c, 0, x);  // all at B_max
   EXPECT_EQ(c.width_counts(0, 0)[8], std::size_t(H * T));
@@ -972,6 +986,14 @@ TEST(QaqCache, LoweringShiftsAndRaisingRestoresFromTheMirror) {
     if (t == std::uint32_t(T - 1)) last = b;
   });
   EXPECT_GE(first, last);
+}
+
+TEST(QaqCache, LoweringShiftsAndRaisingRestoresFromTheMirror) { lowering_shifts_and_raising_restores_from_the_mirror<Qaq>(64); }
+// Rotated: the mirror holds R x, from which raises re-encode (d 64: one Hadamard block; 96: 3 mixed blocks of 32).
+TEST(QaqCache, RotatedLoweringShiftsAndRaisingRestoresFromTheRotatedMirror) {
+  using Rotated = kvc::CompressedKVCache<kvc::QaqQuantizer<>, kvc::Rotation<kvc::Hadamard<>>>;
+  lowering_shifts_and_raising_restores_from_the_mirror<Rotated>(64);
+  lowering_shifts_and_raising_restores_from_the_mirror<Rotated>(96);
 }
 
 // Keys are re-decided only when the step's key limits change (decide_keys): at long context they stay equal for
@@ -1185,6 +1207,42 @@ TEST(QaqCache, BadInputIsRejectedAndLeavesTheCacheUnchanged) {
   EXPECT_EQ(error_of([&] { c.clear(2); }), kvc::Errc::kInvalidArgument);  // the cache has two sequences
   EXPECT_EQ(error_of([&] { c.clear(-1); }), kvc::Errc::kInvalidArgument);
   unchanged();
+}
+
+// A rotated QAQ cache: a row whose rotation leaves fp16's range is refused naming the rotated channel, NaN before rotation names the input channel; the cache is unchanged.
+TEST(QaqCache, RotatedBadInputIsRejectedAndLeavesTheCacheUnchanged) {
+  using Rotated = kvc::CompressedKVCache<kvc::QaqQuantizer<>, kvc::Rotation<kvc::Hadamard<>>>;
+  const int d = 64, H = 2, T = 6;
+  const kvc_test::KV x = kvc_test::random_kv(T, H, d, 9);
+  Rotated c({1, 1, H, d, 16}, {1e-2, 1e-2}, unit_calibration(1, H, d));
+  c.append(0, 0, x.kview(0, 4), x.vview(0, 4));
+  const auto before = kvc_test::dequantize(c, 0, 0);
+  const std::size_t bytes = c.stored_bytes(), mirror = c.mirror_bytes();
+  auto unchanged = [&] {
+    EXPECT_EQ(c.length(0, 0), 4);
+    EXPECT_EQ(c.stored_bytes(), bytes);
+    EXPECT_EQ(c.mirror_bytes(), mirror);
+    const auto now = kvc_test::dequantize(c, 0, 0);
+    EXPECT_TRUE(kvc_test::bytes_equal(now.k, before.k) && kvc_test::bytes_equal(now.v, before.v));
+  };
+  kvc_test::KV bad = x.prefix(2);
+  for (int i = 0; i < d; ++i) bad.v[std::size_t(x.at(1, 1, i))] = 60000.0f;  // each < 65504; R v has rms 60000
+  std::string what;
+  EXPECT_EQ(error_of([&] { c.append(0, 0, bad.kview(0, 2), bad.vview(0, 2)); }, &what), kvc::Errc::kOutOfRange);
+  EXPECT_NE(what.find("value token 1 head 1 rotated channel"), std::string::npos) << what;
+  unchanged();
+  bad = x.prefix(2);
+  bad.k[std::size_t(x.at(0, 1, 7))] = std::nanf("");
+  EXPECT_EQ(error_of([&] { c.append(0, 0, bad.kview(0, 2), bad.vview(0, 2)); }, &what), kvc::Errc::kNonFinite);
+  EXPECT_NE(what.find("key token 0 head 1 channel 7"), std::string::npos) << what;
+  unchanged();
+  // the tables are part of the compressed cache: every decode step reads them
+  Rotated e({1, 1, H, d, 16}, {1e-2, 1e-2}, unit_calibration(1, H, d));
+  kvc::CompressedKVCache<kvc::QaqQuantizer<>> plain({1, 1, H, d, 16}, {1e-2, 1e-2}, unit_calibration(1, H, d));
+  EXPECT_EQ(e.stored_bytes(), 0u);
+  e.append(0, 0, x.kview(0, 4), x.vview(0, 4));
+  plain.append(0, 0, x.kview(0, 4), x.vview(0, 4));
+  EXPECT_EQ(e.stored_bytes(), plain.stored_bytes() + std::size_t(H) * Rotated::rotation::head_words(d) * 4);
 }
 }  // namespace
 

@@ -126,8 +126,8 @@ struct cache_checks {
                 "block is compressed; correct keys only (OutlierFilter on keys) or use LogWindow");
   static_assert(detail::count_kind<kind::adaptive_quantizer, P...> == 0,
                 "kvc::QaqQuantizer gives every token its own width, changed every step: its cache is "
-                "CompressedKVCache<QaqQuantizer<...>> alone (mixed-bit buckets, <kvc/qaq/qaq_cache.hpp>), with no "
-                "selector, block size, second quantizer, GEAR correction or Rotation (not built for QAQ's records yet)");
+                "CompressedKVCache<QaqQuantizer<...>> (mixed-bit buckets, <kvc/qaq/qaq_cache.hpp>), first, with at most "
+                "a Rotation<...> after it: no selector, block size, second quantizer or GEAR correction");
   static_assert(detail::count_kind<kind::loader, P...> == 0,
                 "kvc: a loader policy (kvc::AlignedLoader) reads fp16 bit planes: its cache is CompressedKVCache<AlignedLoader<...>> alone "
                 "(<kvc/aligned/aligned_cache.hpp>); loading the fp16 parts of other schemes (KIVI's window, "

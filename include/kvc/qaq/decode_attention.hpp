@@ -96,10 +96,10 @@ using ::kvc::detail::query_scale;
 /// decode_attention's body. after(i, thread) runs right after stream i's attention on the thread that ran it
 /// (qaq_decode_step: that stream's width update, so both halves of the step share one parallel loop), outside
 /// the attention's denormal flushing.
-template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds, class After>
-void attend(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>>& cache, int layer,
+template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds, class... Rot, class After>
+void attend(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, Rot...>& cache, int layer,
             QueryView q, OutputView out, const AttentionOptions& opt, TokenProbs* probs, After&& after) {
-  using Cache = CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>>;
+  using Cache = CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, Rot...>;
   const CacheConfig& cfg = cache.config();
   const std::vector<int> lengths = checked_lengths(cache, layer, q, out, opt);  // validates opt too
   const Isa isa = resolve_isa(opt.isa);
@@ -111,6 +111,10 @@ void attend(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Wi
   for (int s = 0; s < nseq; ++s)
     for (int h = 0; h < q.dim1; ++h)
       for (int c = 0; c < d; ++c) qs[(std::size_t(s) * q.dim1 + h) * d + c] = q.row(s, h)[c] * scale;
+  if constexpr (Cache::rotation::kKeys)  // q . k = (R q) . (R k): once per query head and step
+    for (int s = 0; s < nseq; ++s)
+      for (int h = 0; h < q.dim1; ++h)
+        Cache::rotation::rotate(true, cache.rotation_tables(layer), h / g, d, qs.data() + (std::size_t(s) * q.dim1 + h) * d);
   bool (*run)(const Cache&, const typename Cache::Side&, const typename Cache::Side&, const kvc::detail::QaqStream&,
               float*) = nullptr;
   switch (isa) {
@@ -179,7 +183,12 @@ void attend(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Wi
     KVC_CHECK(finite[std::size_t(i)], Errc::kOutOfRange, "attention scores of sequence ", i / H, " KV head ", i % H,
               " overflow float: scale the query or the cache down");
   for (int s = 0; s < nseq; ++s)
-    for (int h = 0; h < q.dim1; ++h) std::copy_n(result.data() + (std::size_t(s) * q.dim1 + h) * d, d, out.row(s, h));
+    for (int h = 0; h < q.dim1; ++h) {
+      float* o = result.data() + (std::size_t(s) * q.dim1 + h) * d;
+      if constexpr (Cache::rotation::kValues)  // o = R^T sum_t p_t (R v_t)
+        Cache::rotation::unrotate(false, cache.rotation_tables(layer), h / g, d, o);
+      std::copy_n(o, d, out.row(s, h));
+    }
 }
 
 /// qaq_decode_step's access to the cache's per-stream update.
@@ -204,15 +213,20 @@ struct FusedStep {
 /// step (2^b - 1) <= 2^17 (1 + 2^-10); outliers fp16), and every term the kernels sum (per channel, per record
 /// affine, kFast's qscale products) is at most 2^20 times the scaled query's L1 norm, so an L1 norm <= 2^96
 /// keeps every partial sum <= 2^116; the softmax of finite scores is finite (its sum lies in [1, T]). False
-/// for a non-finite query or scale.
-inline bool scores_cannot_overflow(QueryView q, int d, const AttentionOptions& opt) noexcept {
+/// for a non-finite query or scale. rotated: the keys' Rotation turns q into R q, whose L1 norm is at most
+/// sqrt(d) ||q||_2 (the bound used then).
+inline bool scores_cannot_overflow(QueryView q, int d, const AttentionOptions& opt, bool rotated = false) noexcept {
   const float fscale = query_scale(opt, d);
   if (!std::isfinite(fscale)) return false;
   const double scale = double(fscale);
   for (int s = 0; s < q.dim0; ++s)
     for (int h = 0; h < q.dim1; ++h) {
-      double l1 = 0.0;
-      for (int c = 0; c < q.dim2; ++c) l1 += std::fabs(double(q.row(s, h)[c]));
+      double l1 = 0.0, l2 = 0.0;
+      for (int c = 0; c < q.dim2; ++c) {
+        const double x = double(q.row(s, h)[c]);
+        l1 += std::fabs(x), l2 += x * x;
+      }
+      if (rotated) l1 = std::sqrt(double(d) * l2);
       if (!(l1 * scale <= 0x1p96)) return false;
     }
   return true;
@@ -221,8 +235,8 @@ inline bool scores_cannot_overflow(QueryView q, int d, const AttentionOptions& o
 
 /// Decode attention over `layer` of a QAQ cache; with `probs`, also each token's probability (resized to
 /// [q.dim0][kv_heads][max length]) for update_widths(). Errors as kvc::decode_attention.
-template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds>
-void decode_attention(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>>& cache,
+template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds, class... Rot>
+void decode_attention(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, Rot...>& cache,
                       int layer, QueryView q, OutputView out, const AttentionOptions& opt = {},
                       qaq::TokenProbs* probs = nullptr) {
   qaq::detail::attend(cache, layer, q, out, opt, probs, [](int, int) noexcept {});
@@ -238,14 +252,14 @@ void decode_attention(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPe
 /// far beyond real queries) the step runs the two halves apart, so an overflow error leaves the cache
 /// unchanged. The probabilities of the fused step are valid by construction (finite softmax outputs in
 /// [0, 1]): not re-checked.
-template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds>
-void qaq_decode_step(CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>>& cache, int layer,
+template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds, class... Rot>
+void qaq_decode_step(CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, Rot...>& cache, int layer,
                      QueryView q, OutputView out, const AttentionOptions& opt, qaq::TokenProbs& probs) {
-  using Cache = CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>>;
+  using Cache = CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, Rot...>;
   KVC_CHECK(q.dim0 == cache.config().batch, Errc::kInvalidArgument, "a QAQ decode step attends every sequence: query holds ",
             q.dim0, ", the cache ", cache.config().batch);
   (void)qaq::detail::checked_lengths(cache, layer, q, out, opt);  // before the overflow test reads the query
-  if (!Cache::kAdaptive || !qaq::detail::scores_cannot_overflow(q, cache.config().head_dim, opt)) {
+  if (!Cache::kAdaptive || !qaq::detail::scores_cannot_overflow(q, cache.config().head_dim, opt, Cache::rotation::kKeys)) {
     decode_attention(cache, layer, q, out, opt, &probs);
     cache.update_widths(layer, probs);  // (BMin == BMax: counts the step; nothing moves)
     return;

@@ -92,10 +92,20 @@ struct FusedStep;  // qaq/decode_attention.hpp: qaq_decode_step's access to the 
 }  // namespace detail
 }  // namespace qaq
 
-template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds>
-class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>> {
+template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds, class... Rot>
+class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, Rot...> {
+  static_assert(sizeof...(Rot) <= 1 && (PolicyOf<Rot, kind::rotation> && ...),
+                "kvc::QaqQuantizer composes with one kvc::Rotation<...> after it and nothing else: its cache is "
+                "CompressedKVCache<QaqQuantizer<...>> or CompressedKVCache<QaqQuantizer<...>, Rotation<...>> (mixed-bit "
+                "buckets; no selector, block size, second quantizer or GEAR correction)");
+
  public:
   using quantizer = QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>;
+  /// The Rotation policy (NoRotation without one): rows are rotated before the mirror and the records, so
+  /// outliers, widths and raises all live in the rotated basis; attention rotates the query and un-rotates
+  /// the output (rotate/rotation.hpp). QAQ's bounds are rotation-invariant (||R q|| = ||q||).
+  using rotation = typename detail::find_policy<kind::rotation, NoRotation, Rot...>::type;
+  static constexpr bool kRotated = rotation::kActive;
   using record = qaq::RecordFormat<quantizer>;
   using history = typename quantizer::history;
   static constexpr int kWidths = BMax - BMin + 1;
@@ -127,6 +137,13 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     mirror_k_.resize(streams);
     mirror_v_.resize(streams);
     lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
+    if constexpr (kRotated) {
+      KVC_CHECK(rotation::supports(cfg.head_dim), Errc::kInvalidArgument,
+                "the rotation's transform does not serve head_dim ", cfg.head_dim,
+                " (kvc::Hadamard: head_dim / its largest power-of-two factor must be <= 64)");
+      rot_.resize(std::size_t(cfg.layers) * rotation_words());
+      rotation::make_tables(cfg.layers, cfg.kv_heads, cfg.head_dim, rot_.data());
+    }
   }
 
   /// Changes the error targets (SPEC Q1); they take effect at the next width update (update_widths(),
@@ -154,17 +171,26 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     check_index(layer, seq);
     return side == 0 ? mirror_k_[stream(layer, seq, head)] : mirror_v_[stream(layer, seq, head)];
   }
+  /// The rotation tables of `layer`, [kv_heads][rotation::head_words] (null without a Rotation).
+  [[nodiscard]] const std::uint32_t* rotation_tables(int layer) const {
+    check_index(layer, 0);
+    return kRotated ? rot_.data() + std::size_t(layer) * rotation_words() : nullptr;
+  }
   /// Records in a bucket of width b (bytes / record size).
   [[nodiscard]] std::size_t records(const Side& s, int b) const {
     return s.bucket[std::size_t(b - BMin)].size() / record::bytes(cfg_.head_dim, b, id_bytes_);
   }
 
   /// Appends k.dim0 tokens (prefill or one decode token): mirror, then a record at BMax per side.
-  /// k, v: [tokens][kv_heads][head_dim], finite, |x| <= 65504. Validates everything first.
+  /// k, v: [tokens][kv_heads][head_dim], finite, |x| <= 65504 (with a Rotation: the rotated rows too, the
+  /// error naming the rotated channel). Validates everything first.
   void append(int layer, int seq, KVView k, KVView v) {
     check_index(layer, seq);
     int& n = lengths_[std::size_t(layer) * cfg_.batch + seq];
-    if (detail::check_fp16_append(cfg_, layer, seq, n, k, v) == 0) return;
+    if (rules::check_append_shape(cfg_, layer, seq, n, k, v) == 0) return;
+    std::vector<float> k_rot, v_rot;  // Rotation: the rows as stored (R k, R v)
+    k = rules::rotated_input(k, true, rotation_tables(layer), k_rot);
+    v = rules::rotated_input(v, false, rotation_tables(layer), v_rot);
     const int d = cfg_.head_dim;
     for (int h = 0; h < cfg_.kv_heads; ++h) {
       const std::size_t s = stream(layer, seq, h);
@@ -241,7 +267,8 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     }
   }
 
-  /// Reconstruction of (layer, seq) as attention sees it, k, v: [length][kv_heads][head_dim] (tests).
+  /// Reconstruction of (layer, seq) as attention sees it, k, v: [length][kv_heads][head_dim], in the original
+  /// basis (a Rotation's rows un-rotated) (tests).
   void dequantize(int layer, int seq, float* k, float* v) const {
     const int d = cfg_.head_dim, H = cfg_.kv_heads;
     for (int h = 0; h < H; ++h) {
@@ -251,6 +278,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
         float* out = side == 0 ? k : v;
         for_each_record(sd, [&](const std::byte* r, int b, std::uint32_t t) {
           record::decode(r, d, b, out + (std::size_t(t) * H + h) * d);
+          if constexpr (kRotated) rotation::unrotate(side == 0, rotation_tables(layer), h, d, out + (std::size_t(t) * H + h) * d);
         });
       }
     }
@@ -290,6 +318,10 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
         for (int b = 0; b < kWidths; ++b) total += keys_[st].bucket[std::size_t(b)].size() + values_[st].bucket[std::size_t(b)].size();
         total += hist_[st].size() * sizeof(history);
       }
+    // the layer's rotation tables, read by every decode step (as CacheRules::stored_bytes counts them)
+    if (kRotated && std::any_of(lengths_.begin() + std::ptrdiff_t(layer) * cfg_.batch,
+                                lengths_.begin() + std::ptrdiff_t(layer + 1) * cfg_.batch, [](int n) { return n > 0; }))
+      total += rotation_words() * sizeof(std::uint32_t);
     return total;
   }
   [[nodiscard]] std::size_t stored_bytes() const { return detail::stored_bytes_all_layers(*this); }
@@ -328,7 +360,11 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   [[nodiscard]] std::size_t stream(int layer, int seq, int head) const noexcept {
     return (std::size_t(layer) * cfg_.batch + seq) * cfg_.kv_heads + head;
   }
-  void check_index(int layer, int seq) const { detail::Fp16Rules::check_index(cfg_, layer, seq); }
+  /// The fp16 cache's rules (QAQ's mirror is fp16), with this cache's rotation: the append checks and rotated_input.
+  using rules = detail::CacheRules<typename CompressedKVCache<NoQuantizer<half_t>, Rot...>::layout>;
+  void check_index(int layer, int seq) const { rules::check_index(cfg_, layer, seq); }
+  /// 32-bit words of one layer's rotation tables.
+  [[nodiscard]] std::size_t rotation_words() const noexcept { return std::size_t(cfg_.kv_heads) * rotation::head_words(cfg_.head_dim); }
   /// Quantizes a mirror row and appends its record at width b.
   void put(Side& sd, const half_t* row, int b, std::uint32_t id) {
     std::vector<std::byte>& bk = sd.bucket[std::size_t(b - BMin)];
@@ -561,6 +597,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   std::vector<KeyMemo> key_memo_;
   std::vector<mirror_rows> mirror_k_, mirror_v_;
   std::vector<int> lengths_;
+  std::vector<std::uint32_t> rot_;  // Rotation: [layers][kv_heads][rotation::head_words] transform tables
   std::vector<Staging> staging_;  // the width update's per-thread scratch (not cache state) and counts; one per
                                   // thread of for_each_stream or of qaq_decode_step (FusedStep::reserve)
   std::uint64_t updates_ = 0;
