@@ -21,12 +21,13 @@
 
 namespace kvc_cuda_test {
 
-/// The code of the kvc::Error f throws (the test fails when it throws none).
+/// The code of the kvc::Error f throws (the test fails when it throws none); its message in *what when given.
 template <class F>
-kvc::Errc error_of(F&& f) {
+kvc::Errc error_of(F&& f, std::string* what = nullptr) {
   try {
     f();
   } catch (const kvc::Error& e) {
+    if (what) *what = e.what();
     return e.code();
   }
   ADD_FAILURE() << "no kvc::Error thrown";

@@ -17,6 +17,9 @@ namespace {
 using Q = kvc::QaqQuantizer<>;
 using HostQaq = kvc::CompressedKVCache<Q>;
 using DevQaq = kvc::cuda::DeviceQaqCache<Q>;
+using Rot = kvc::Rotation<kvc::Hadamard<>>;
+using HostRotQaq = kvc::CompressedKVCache<Q, Rot>;
+using DevRotQaq = kvc::cuda::DeviceQaqCache<Q, Rot>;
 
 kvc::qaq::QueryNormCalibration unit_calibration(int layers, int kv_heads, int d) {
   kvc::qaq::QueryNormCalibration c(layers, kv_heads, d);
@@ -26,14 +29,15 @@ kvc::qaq::QueryNormCalibration unit_calibration(int layers, int kv_heads, int d)
 }
 
 // Every bucket of every stream side of layer 0 equal, byte for byte.
-void expect_same_buckets(const HostQaq& host, const DevQaq& dev, const char* when) {
+template <class Host, class Dev>
+void expect_same_buckets(const Host& host, const Dev& dev, const char* when) {
   const auto& cfg = host.config();
   for (int s = 0; s < cfg.batch; ++s)
     for (int h = 0; h < cfg.kv_heads; ++h)
       for (int side = 0; side < 2; ++side) {
         const auto& hb = side == 0 ? host.keys(0, s, h) : host.values(0, s, h);
         const auto db = dev.buckets(0, s, h, side);
-        for (int w = 0; w < DevQaq::kWidths; ++w)
+        for (int w = 0; w < Dev::kWidths; ++w)
           ASSERT_TRUE(hb.bucket[std::size_t(w)] == db[std::size_t(w)])
               << when << ": seq " << s << " head " << h << " side " << side << " width " << w + 1 << " ("
               << hb.bucket[std::size_t(w)].size() << " vs " << db[std::size_t(w)].size() << " bytes)";
@@ -41,7 +45,8 @@ void expect_same_buckets(const HostQaq& host, const DevQaq& dev, const char* whe
 }
 
 // decode_attention<D> for the head dims the suite uses (run-time dispatch).
-void attend(const DevQaq& c, int nseq, int heads, const float* q, float* out, float* probs, int stride) {
+template <class Dev>
+void attend(const Dev& c, int nseq, int heads, const float* q, float* out, float* probs, int stride) {
   kvc::cuda::decode_attention_any<64, 80, 128>(c, 0, nseq, heads, q, out, probs, stride);
 }
 
@@ -51,16 +56,16 @@ struct Shape {
 };
 class DeviceQaq : public ::testing::TestWithParam<Shape> {};
 
-TEST_P(DeviceQaq, EveryStepMatchesTheHostCache) {
-  KVC_REQUIRE_GPU();
-  const auto [d, H, Hq, mirror] = GetParam();
+template <class HostCache, class DevCache>
+void every_step_matches_the_host_cache(Shape shape) {
+  const auto [d, H, Hq, mirror] = shape;
   const std::vector<int> prefill{5, 17, 300};
   const int steps = 12, batch = int(prefill.size()), cap = 400;
   std::vector<kvc_test::KV> x;
   for (int s = 0; s < batch; ++s) x.push_back(kvc_test::random_kv(prefill[std::size_t(s)] + steps, H, d, 100 + s));
   const kvc::CacheConfig cfg{1, batch, H, d, cap};
-  HostQaq host(cfg, {1e-2, 5e-2}, unit_calibration(1, H, d));
-  DevQaq dev(cfg, {1e-2, 5e-2}, unit_calibration(1, H, d), mirror);
+  HostCache host(cfg, {1e-2, 5e-2}, unit_calibration(1, H, d));
+  DevCache dev(cfg, {1e-2, 5e-2}, unit_calibration(1, H, d), mirror);
   for (int s = 0; s < batch; ++s) {
     const int n = prefill[std::size_t(s)];
     host.append(0, s, x[std::size_t(s)].kview(0, n), x[std::size_t(s)].vview(0, n));
@@ -118,7 +123,7 @@ TEST_P(DeviceQaq, EveryStepMatchesTheHostCache) {
   EXPECT_DOUBLE_EQ(dev.bits_per_element(), host.bits_per_element());
   for (int side = 0; side < 2; ++side) EXPECT_EQ(dev.width_counts(0, side), host.width_counts(0, side));
   // upload() copies the host state (records, histories, mirror): one more step on both still agrees
-  DevQaq up(cfg, {1e-2, 5e-2}, unit_calibration(1, H, d), mirror);
+  DevCache up(cfg, {1e-2, 5e-2}, unit_calibration(1, H, d), mirror);
   up.upload(host);
   expect_same_buckets(host, up, "after upload");
   const std::vector<float> q = kvc_test::random_query(batch, Hq, d, 99);
@@ -139,6 +144,17 @@ TEST_P(DeviceQaq, EveryStepMatchesTheHostCache) {
   EXPECT_EQ(up.length(0, 1), 9);
   const auto n = host.width_counts(0, 1);
   EXPECT_LT(n[8], std::size_t(batch * H) * (300 + steps)) << "widths should have moved below B_max";
+}
+
+TEST_P(DeviceQaq, EveryStepMatchesTheHostCache) {
+  KVC_REQUIRE_GPU();
+  every_step_matches_the_host_cache<HostQaq, DevQaq>(GetParam());
+}
+// K and V Hadamard-rotated: rotated on the host at append (the host cache's tables), the query rotated in the scores
+// kernel, the output un-rotated in the final sum; the buckets still equal the host's byte for byte.
+TEST_P(DeviceQaq, RotatedEveryStepMatchesTheHostCache) {
+  KVC_REQUIRE_GPU();
+  every_step_matches_the_host_cache<HostRotQaq, DevRotQaq>(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, DeviceQaq,
@@ -186,5 +202,29 @@ TEST(DeviceQaqErrors, BadInputThrowsTheHostErrorAndChangesNothing) {
   EXPECT_TRUE(dev.buckets(0, 0, 1, 0) == before);
   EXPECT_EQ(dev.stored_bytes(), bytes);
   EXPECT_EQ(dev.length(0, 0), 30);
+}
+
+// A rotated device cache: a row whose rotation leaves fp16's range throws the host cache's error (naming the rotated
+// channel) and changes nothing.
+TEST(DeviceQaqErrors, RotatedOutOfRangeThrowsTheHostErrorAndChangesNothing) {
+  KVC_REQUIRE_GPU();
+  const int d = 64, H = 2, cap = 40;
+  const kvc::CacheConfig cfg{1, 1, H, d, cap};
+  DevRotQaq dev(cfg, {1e-2, 5e-2}, unit_calibration(1, H, d));
+  HostRotQaq host(cfg, {1e-2, 5e-2}, unit_calibration(1, H, d));
+  auto kv = kvc_test::random_kv(cap, H, d, 5);
+  dev.append(0, 0, kv.kview(0, 10), kv.vview(0, 10));
+  const auto before = dev.buckets(0, 0, 1, 1);
+  const std::size_t bytes = dev.stored_bytes();
+  auto bad = kv;
+  for (int c = 0; c < d; ++c) bad.v[bad.at(10, 1, c)] = 60000.0f;  // each < 65504; R v has rms 60000
+  std::string dev_what, host_what;
+  EXPECT_EQ(error_of([&] { dev.append(0, 0, bad.kview(10, 1), bad.vview(10, 1)); }, &dev_what), kvc::Errc::kOutOfRange);
+  EXPECT_EQ(error_of([&] { host.append(0, 0, bad.kview(10, 1), bad.vview(10, 1)); }, &host_what), kvc::Errc::kOutOfRange);
+  EXPECT_EQ(dev_what, host_what);
+  EXPECT_NE(dev_what.find("rotated channel"), std::string::npos) << dev_what;
+  EXPECT_TRUE(dev.buckets(0, 0, 1, 1) == before);
+  EXPECT_EQ(dev.stored_bytes(), bytes);
+  EXPECT_EQ(dev.length(0, 0), 10);
 }
 }  // namespace

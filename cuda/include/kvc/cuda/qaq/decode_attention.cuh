@@ -23,7 +23,7 @@
 namespace kvc::cuda {
 
 namespace qaq_detail {
-template <class Q, int D, int Heads, class QT>
+template <class Q, class Rot, int D, int Heads, class QT>
 void launch_attention(const Params<Q>& p, int longest, int nseq, int group, const QT* q, QT* out, float* probs,
                       int probs_stride, float scale_log2, const DecodeOptions& opt, cudaStream_t stream) {
   const DeviceLimits dev = device_limits();
@@ -36,7 +36,7 @@ void launch_attention(const Params<Q>& p, int longest, int nseq, int group, cons
   const int qheads = p.kv_heads * group;
   const std::size_t rows = std::size_t(nseq) * qheads;
   StreamScratch<float> scores(rows * std::size_t(longest), stream), part(std::size_t(splits) * rows * D, stream);
-  scores_kernel<Q, D, Heads, QT><<<dim3(unsigned(splits), unsigned(p.kv_heads), unsigned(nseq)), kThreads, 0, stream>>>(
+  scores_kernel<Q, D, Heads, QT, Rot><<<dim3(unsigned(splits), unsigned(p.kv_heads), unsigned(nseq)), kThreads, 0, stream>>>(
       p, q, group, scale_log2, per, scores.data(), longest);
   check_launch("qaq scores_kernel");
   softmax_kernel<Q><<<dim3(unsigned(p.kv_heads), unsigned(nseq)), kThreads, 0, stream>>>(p, group, scores.data(), longest,
@@ -47,7 +47,8 @@ void launch_attention(const Params<Q>& p, int longest, int nseq, int group, cons
       <<<dim3(unsigned(splits), unsigned(p.kv_heads * chunks), unsigned(nseq)), kThreads, 0, stream>>>(
           p, group, per, scores.data(), longest, nseq, part.data());
   check_launch("qaq values_kernel");
-  sum_splits_kernel<D, QT><<<unsigned(rows), unsigned(std::min(D, 256)), 0, stream>>>(part.data(), splits, rows, out);
+  sum_splits_kernel<D, QT, Rot><<<unsigned(rows), unsigned(std::min(D, 256)), 0, stream>>>(part.data(), splits, rows, out,
+                                                                                           p.rotation, qheads, group);
   check_launch("qaq sum_splits_kernel");
 }
 }  // namespace qaq_detail
@@ -57,8 +58,8 @@ void launch_attention(const Params<Q>& p, int longest, int nseq, int group, cons
 /// one of the nseq sequences must hold a token. probs: DEVICE [batch][kv_heads][probs_stride] (probs_stride >=
 /// the longest sequence) receives each token's probability (max over the KV group) for update_widths(), or
 /// null (rows of sequences >= nseq are not written). Asynchronous on `stream`.
-template <int D, class Q, class QT>
-void decode_attention(const DeviceQaqCache<Q>& cache, int layer, int nseq, int query_heads, const QT* q, QT* out,
+template <int D, class Q, class... Rot, class QT>
+void decode_attention(const DeviceQaqCache<Q, Rot...>& cache, int layer, int nseq, int query_heads, const QT* q, QT* out,
                       float* probs, int probs_stride, const DecodeOptions& opt = {}, cudaStream_t stream = nullptr) {
   const CacheConfig& cfg = cache.config();
   detail::check_decode_call(cfg.head_dim, D, cfg.batch, cfg.kv_heads, nseq, query_heads, q != nullptr && out != nullptr,
@@ -74,15 +75,16 @@ void decode_attention(const DeviceQaqCache<Q>& cache, int layer, int nseq, int q
   const float scale = (opt.scale > 0.0f ? opt.scale : 1.0f / std::sqrt(float(D))) * 1.4426950408889634f;
   const int group = query_heads / cfg.kv_heads;
   const auto p = cache.params(layer);
-  if (group == 1) qaq_detail::launch_attention<Q, D, 1, QT>(p, longest, nseq, group, q, out, probs, probs_stride, scale, opt, stream);
-  else if (group <= 4) qaq_detail::launch_attention<Q, D, 4, QT>(p, longest, nseq, group, q, out, probs, probs_stride, scale, opt, stream);
-  else qaq_detail::launch_attention<Q, D, 8, QT>(p, longest, nseq, group, q, out, probs, probs_stride, scale, opt, stream);
+  using R = typename DeviceQaqCache<Q, Rot...>::rotation;
+  if (group == 1) qaq_detail::launch_attention<Q, R, D, 1, QT>(p, longest, nseq, group, q, out, probs, probs_stride, scale, opt, stream);
+  else if (group <= 4) qaq_detail::launch_attention<Q, R, D, 4, QT>(p, longest, nseq, group, q, out, probs, probs_stride, scale, opt, stream);
+  else qaq_detail::launch_attention<Q, R, D, 8, QT>(p, longest, nseq, group, q, out, probs, probs_stride, scale, opt, stream);
 }
 
 /// The same, dispatching the cache's head dimension at run time to the kernels of `HeadDims...` (default
 /// 64, 80, 96, 128, 256; name fewer to compile fewer). Throws for another head dimension.
-template <int... HeadDims, class Q, class QT>
-void decode_attention_any(const DeviceQaqCache<Q>& cache, int layer, int nseq, int query_heads, const QT* q, QT* out,
+template <int... HeadDims, class Q, class... Rot, class QT>
+void decode_attention_any(const DeviceQaqCache<Q, Rot...>& cache, int layer, int nseq, int query_heads, const QT* q, QT* out,
                           float* probs, int probs_stride, const DecodeOptions& opt = {}, cudaStream_t stream = nullptr) {
   detail::with_head_dim<HeadDims...>(
       cache.config().head_dim,

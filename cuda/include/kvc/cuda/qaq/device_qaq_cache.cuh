@@ -51,18 +51,27 @@ namespace kvc::cuda {
 /// Where the full-precision mirror lives.
 enum class MirrorPlace { kHost, kDevice };
 
-template <class Q>
+/// Q: a QaqQuantizer; Rot: at most one kvc::Rotation (as the host cache: CompressedKVCache<Q, Rot...>).
+template <class Q, class... Rot>
 class DeviceQaqCache;
 
-template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds>
-class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>> {
+template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds, class... Rot>
+class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, Rot...> {
+  static_assert(sizeof...(Rot) <= 1 && (PolicyOf<Rot, kind::rotation> && ...),
+                "kvc::cuda::DeviceQaqCache<QaqQuantizer<...>, Rot...> takes at most one kvc::Rotation<...> (as the host "
+                "CompressedKVCache<QaqQuantizer<...>, Rotation<...>>)");
+
  public:
   using quantizer = QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>;
   using record = qaq::RecordFormat<quantizer>;
   using arena = qaq::Arena<quantizer>;
   using history = typename quantizer::history;
+  /// The Rotation (NoRotation without one): rows rotated on append (the host's tables, same seed), the query
+  /// rotated in the scores kernel and the output un-rotated in the final sum (qaq/detail/kernels.cuh).
+  using rotation = typename kvc::detail::find_policy<kind::rotation, NoRotation, Rot...>::type;
+  static constexpr bool kRotated = rotation::kActive;
   using params_type = qaq_detail::Params<quantizer>;
-  using host_cache = CompressedKVCache<quantizer>;
+  using host_cache = CompressedKVCache<quantizer, Rot...>;
   static constexpr int kWidths = arena::kWidths;
   static constexpr bool kAdaptive = BMin < BMax;
   static_assert(kAdaptive, "kvc::cuda::DeviceQaqCache serves adaptive QAQ (BMin < BMax); per-token uniform QAQ "
@@ -94,6 +103,16 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>> 
       layers_.push_back(std::move(L));
     }
     lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
+    if constexpr (kRotated) {  // the host cache's tables, drawn from the same seed
+      KVC_CHECK(rotation::supports(cfg.head_dim), Errc::kInvalidArgument,
+                "the rotation's transform does not serve head_dim ", cfg.head_dim,
+                " (kvc::Hadamard: head_dim / its largest power-of-two factor must be <= 64)");
+      host_rot_.resize(std::size_t(cfg.layers) * rotation_words());
+      rotation::make_tables(cfg.layers, cfg.kv_heads, cfg.head_dim, host_rot_.data());
+      rot_ = DeviceBuffer<std::uint32_t>(host_rot_.size());
+      check(cudaMemcpy(rot_.data(), host_rot_.data(), host_rot_.size() * sizeof(std::uint32_t), cudaMemcpyHostToDevice),
+            "cudaMemcpy (rotation tables)");
+    }
   }
 
   void set_targets(qaq::Targets t) {
@@ -119,18 +138,26 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>> 
     // attention can take a const cache)
     Layer& L = const_cast<Layer&>(layers_[std::size_t(layer)]);
     return {cfg_.batch, cfg_.kv_heads, cfg_.head_dim, cfg_.capacity, id_bytes_, arena_bytes_, L.lengths.data(),
-            L.arenas.data(), L.counts.data(), L.hist.data(), L.mirror_device(), L.qnorm2.data()};
+            L.arenas.data(), L.counts.data(), L.hist.data(), L.mirror_device(), L.qnorm2.data(),
+            kRotated ? rot_.data() + std::size_t(layer) * rotation_words() : nullptr};
+  }
+  /// The host copy of `layer`'s rotation tables, [kv_heads][rotation::head_words] (null without a Rotation).
+  [[nodiscard]] const std::uint32_t* host_rotation_tables(int layer) const {
+    rules::check_index(cfg_, layer, 0);
+    return kRotated ? host_rot_.data() + std::size_t(layer) * rotation_words() : nullptr;
   }
 
-  /// Appends k.dim0 tokens from HOST memory (fp32 [tokens][kv_heads][head_dim], finite, |x| <= 65504), as the
-  /// host cache: the mirror rows, then a record at B_max per side, quantized on the device. Validates first.
+  /// Appends k.dim0 tokens from HOST memory (fp32 [tokens][kv_heads][head_dim], finite, |x| <= 65504; with a
+  /// Rotation the rotated rows too, rotated on the host as the host cache does), as the host cache: the mirror
+  /// rows, then a record at B_max per side, quantized on the device. Validates first.
   void append(int layer, int seq, KVView k, KVView v, cudaStream_t stream = nullptr) {
     rules::check_index(cfg_, layer, seq);
     int& n = lengths_[std::size_t(layer) * cfg_.batch + seq];
     const int tokens = rules::check_append_shape(cfg_, layer, seq, n, k, v);
     if (tokens == 0) return;
-    rules::check_values(k, "key");
-    rules::check_values(v, "value");
+    std::vector<float> k_rot, v_rot;  // Rotation: the rows as stored (R k, R v)
+    k = rules::rotated_input(k, true, host_rotation_tables(layer), k_rot);
+    v = rules::rotated_input(v, false, host_rotation_tables(layer), v_rot);
     Layer& L = layers_[std::size_t(layer)];
     const int d = cfg_.head_dim;
     // mirror rows [n, n + tokens) of every head and side: [head][side][token][d] in the mirror's layout
@@ -211,7 +238,8 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>> 
     }
   }
 
-  /// Copies a host cache of the same config (every layer: records, histories, mirror, lengths); synchronous.
+  /// Copies a host cache of the same config and policies (every layer: records, histories, mirror, lengths; the
+  /// rotation tables are drawn from the same seed); synchronous.
   void upload(const host_cache& host) {
     const CacheConfig& hc = host.config();
     KVC_CHECK(hc.layers == cfg_.layers && hc.batch == cfg_.batch && hc.kv_heads == cfg_.kv_heads &&
@@ -277,7 +305,8 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>> 
     }
     return out;
   }
-  /// Reconstruction of (layer, seq) as attention sees it, k, v: host [length][kv_heads][head_dim] (tests).
+  /// Reconstruction of (layer, seq) as attention sees it, k, v: host [length][kv_heads][head_dim], in the original
+  /// basis (a Rotation's rows un-rotated) (tests).
   void dequantize(int layer, int seq, float* k, float* v) const {
     const int d = cfg_.head_dim, H = cfg_.kv_heads;
     for (int h = 0; h < H; ++h)
@@ -287,7 +316,9 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>> 
           const std::size_t rb = record::bytes(d, BMin + w, id_bytes_);
           for (std::size_t o = 0; o < bk[std::size_t(w)].size(); o += rb) {
             const std::byte* r = bk[std::size_t(w)].data() + o;
-            record::decode(r, d, BMin + w, (side == 0 ? k : v) + (std::size_t(record::token(r, d, BMin + w, id_bytes_)) * H + h) * d);
+            float* row = (side == 0 ? k : v) + (std::size_t(record::token(r, d, BMin + w, id_bytes_)) * H + h) * d;
+            record::decode(r, d, BMin + w, row);
+            if constexpr (kRotated) rotation::unrotate(side == 0, host_rotation_tables(layer), h, d, row);
           }
         }
       }
@@ -314,7 +345,8 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>> 
     }
     return n > 0.0 ? sum / n : 0.0;
   }
-  /// Bytes of the compressed cache (records and histories, as the host cache counts them); synchronous.
+  /// Bytes of the compressed cache (records, histories and rotation tables, as the host cache counts them);
+  /// synchronous.
   [[nodiscard]] std::size_t stored_bytes() const {
     std::size_t total = 0;
     const std::size_t streams = std::size_t(cfg_.batch) * cfg_.kv_heads;
@@ -325,7 +357,12 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>> 
             "cudaMemcpy (QAQ counts)");
       for (std::size_t i = 0; i < n.size(); ++i)
         total += std::size_t(n[i]) * record::bytes(cfg_.head_dim, BMin + int(i % kWidths), id_bytes_);
-      for (int s = 0; s < cfg_.batch; ++s) total += std::size_t(length(l, s)) * cfg_.kv_heads * sizeof(history);
+      bool any = false;
+      for (int s = 0; s < cfg_.batch; ++s) {
+        total += std::size_t(length(l, s)) * cfg_.kv_heads * sizeof(history);
+        any |= length(l, s) > 0;
+      }
+      if (kRotated && any) total += rotation_words() * sizeof(std::uint32_t);  // read by every decode step
     }
     return total;
   }
@@ -340,18 +377,21 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>> 
   }
   /// The fp16 mirror of every cached token (host or device memory, per mirror_place()).
   [[nodiscard]] std::size_t mirror_bytes() const { return elements() * sizeof(half_t); }
-  /// Device memory held: arenas at capacity, counts, histories, lengths (and the mirror when on the device).
+  /// Device memory held: arenas at capacity, counts, histories, lengths, rotation tables (and the mirror when on
+  /// the device).
   [[nodiscard]] std::size_t allocated_bytes() const {
     std::size_t total = 0;
     for (const Layer& L : layers_)
       total += L.arenas.bytes() + L.counts.bytes() + L.hist.bytes() + L.lengths.bytes() + L.qnorm2.bytes() +
                L.device_mirror.bytes();
-    return total;
+    return total + rot_.bytes();
   }
 
  private:
-  // the shape, index and value checks of every cache (the fp16 cache's rules: they do not depend on the codec)
-  using rules = typename DeviceKVCache<NoQuantizer<half_t>>::rules;
+  // the shape, index and value checks of every cache (the fp16 cache's rules, with this cache's rotation: they do
+  // not depend on the codec)
+  using rules = typename DeviceKVCache<NoQuantizer<half_t>, Rot...>::rules;
+  [[nodiscard]] std::size_t rotation_words() const noexcept { return std::size_t(cfg_.kv_heads) * rotation::head_words(cfg_.head_dim); }
   struct Layer {
     DeviceBuffer<std::byte> arenas;
     DeviceBuffer<std::uint32_t> counts;
@@ -373,5 +413,7 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>> 
   std::size_t arena_bytes_ = 0;
   std::vector<Layer> layers_;
   std::vector<int> lengths_;
+  std::vector<std::uint32_t> host_rot_;  // Rotation: [layers][kv_heads][head_words] tables (host appends rotate here)
+  DeviceBuffer<std::uint32_t> rot_;      // ... and their device copy (the kernels')
 };
 }  // namespace kvc::cuda

@@ -37,6 +37,7 @@ struct Params {
   history* hist;             ///< [batch * kv_heads][capacity]
   const half_t* mirror;      ///< [batch * kv_heads][2][capacity][head_dim]
   const float* qnorm2;       ///< [kv_heads]: the layer's calibrated ||q||^2 percentiles
+  const std::uint32_t* rotation;  ///< [kv_heads][Rot::head_words]: the layer's rotation tables (null: none)
 
   __device__ std::byte* arena_of(int s, int side) const { return arenas + (std::size_t(s) * 2 + side) * arena_bytes; }
   __device__ std::uint32_t* counts_of(int s, int side) const { return counts + (std::size_t(s) * 2 + side) * kWidths; }
@@ -234,8 +235,9 @@ __device__ __forceinline__ void split_range(int T, int per, int* r0, int* r1) {
 }
 
 /// Scores: grid (splits, kv_heads, nseq). scores[(seq * query_heads + qh) * stride + token] = q . k * scale
-/// * log2(e), for the `group` query heads of the KV head (chunks of Heads in registers).
-template <class Q, int D, int Heads, class QT>
+/// * log2(e), for the `group` query heads of the KV head (chunks of Heads in registers). With the keys of Rot
+/// rotated, each query row is rotated in shared memory first (one thread per row: q . k = (R q) . (R k)).
+template <class Q, int D, int Heads, class QT, class Rot>
 __global__ void __launch_bounds__(kThreads)
     scores_kernel(const __grid_constant__ Params<Q> p, const QT* __restrict__ q, int group, float scale_log2, int per,
                   float* __restrict__ scores, int stride) {
@@ -257,6 +259,10 @@ __global__ void __launch_bounds__(kThreads)
       qs[i] = h < heads ? StorageTraits<QT>::load(q[(std::size_t(seq) * qheads + kvh * group + h0 + h) * D + i % D]) *
                               scale_log2
                         : 0.0f;
+    }
+    if constexpr (Rot::kKeys) {
+      __syncthreads();
+      if (threadIdx.x < heads) Rot::rotate(true, p.rotation, kvh, D, qs + threadIdx.x * D);
     }
     __syncthreads();
     for (int i = r0 + warp; i < r1; i += kThreads / 32) {
@@ -380,14 +386,25 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-/// out[row][c] = sum over splits of part: grid (rows), D threads or fewer.
-template <int D, class QT>
-__global__ void sum_splits_kernel(const float* __restrict__ part, int splits, std::size_t rows, QT* __restrict__ out) {
+/// out[row][c] = sum over splits of part: grid (rows = nseq x query heads), D threads or fewer. With the values
+/// of Rot rotated, the row is un-rotated in shared memory before it is stored (o = R^T sum_t p_t (R v_t); row's
+/// KV head (row % query heads) / group, tables of the layer).
+template <int D, class QT, class Rot>
+__global__ void sum_splits_kernel(const float* __restrict__ part, int splits, std::size_t rows, QT* __restrict__ out,
+                                  const std::uint32_t* __restrict__ tables, int query_heads, int group) {
   const std::size_t row = blockIdx.x;
+  __shared__ float o[Rot::kValues ? D : 1];
   for (int c = threadIdx.x; c < D; c += blockDim.x) {
     float v = 0.0f;
     for (int k = 0; k < splits; ++k) v += part[(std::size_t(k) * rows + row) * D + c];
-    out[row * D + c] = StorageTraits<QT>::store(v);
+    if constexpr (Rot::kValues) o[c] = v;
+    else out[row * D + c] = StorageTraits<QT>::store(v);
+  }
+  if constexpr (Rot::kValues) {
+    __syncthreads();
+    if (threadIdx.x == 0) Rot::unrotate(false, tables, int(row % std::size_t(query_heads)) / group, D, o);
+    __syncthreads();
+    for (int c = threadIdx.x; c < D; c += blockDim.x) out[row * D + c] = StorageTraits<QT>::store(o[c]);
   }
 }
 }  // namespace kvc::cuda::qaq_detail
