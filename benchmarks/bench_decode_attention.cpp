@@ -16,7 +16,7 @@
 //                                        per_token = the amortised cost of one token
 //   BM_DecodeAttention/qaq/T:<n>         QAQ (QaqQuantizer<>) with targets calibrated to ~3 bits per element, everything
 //                                        counted as kivi2's 3.05 (after 16 decode steps with varied queries fill the
-//                                        histories)
+//                                        histories); qaq_rot: the same with Rotation<Hadamard<>> (K and V)
 //   BM_QaqUpdateWidths/T:<n>             QAQ's per-step width update of that cache (history push, width rule,
 //                                        moves between buckets), one step's probabilities repeated
 //   BM_QaqDecodeStep/T:<n>/rho:<r>/bits10:<b>/fused:<f>  a whole QAQ step (attention + width update) with a new
@@ -304,7 +304,9 @@ std::vector<std::vector<float>> qaq_queries(double rho = 0.0, int n = 16) {
 /// is: 16 decode steps (queries qs in turn) fill every history with what varied queries give, then each side's
 /// target is bisected on the width rule over that state to the same average code width, `bits` less the fixed
 /// per-token costs (0.94 bits/element at head dim 128: a width-b record is 4 + 16 b + 6 + 2 bytes per side).
-using QaqBench = kvc::CompressedKVCache<kvc::QaqQuantizer<>>;
+/// QaqBench: QAQ's cache, with or without a Rotation.
+using QaqPlain = kvc::CompressedKVCache<kvc::QaqQuantizer<>>;
+template <class QaqBench = QaqPlain>
 std::unique_ptr<QaqBench> build_qaq(int tokens, const std::vector<std::vector<float>>& qs, double bits,
                                     kvc::qaq::TokenProbs& probs) {
   kvc::qaq::QueryNormCalibration calib(1, kKvHeads, kHeadDim);
@@ -349,11 +351,11 @@ std::unique_ptr<QaqBench> build_qaq(int tokens, const std::vector<std::vector<fl
   return cache;
 }
 
-template <kvc::Precision Prec>
+template <kvc::Precision Prec, class Cache = QaqPlain>
 void BM_DecodeAttentionQaq(benchmark::State& state) {
   const auto qs = qaq_queries();
   kvc::qaq::TokenProbs probs;
-  const auto cache = build_qaq(static_cast<int>(state.range(0)), qs, 3.0, probs);
+  const auto cache = build_qaq<Cache>(static_cast<int>(state.range(0)), qs, 3.0, probs);
   kvc::AttentionOptions opt;
   opt.precision = Prec;
   kvc_bench::time_decode_steps(state, *cache, qs[0], kKvHeads * kGqa, kHeadDim, opt);
@@ -533,6 +535,10 @@ const int registered = [] {
   benchmark::RegisterBenchmark("BM_DecodeAttention/qaq", BM_DecodeAttentionQaq<kvc::Precision::kFast>)
       ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("BM_DecodeAttention/qaq-exact", BM_DecodeAttentionQaq<kvc::Precision::kExact>)
+      ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark(
+      "BM_DecodeAttention/qaq_rot",
+      BM_DecodeAttentionQaq<kvc::Precision::kFast, kvc::CompressedKVCache<kvc::QaqQuantizer<>, kvc::Rotation<kvc::Hadamard<>>>>)
       ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("BM_QaqUpdateWidths", BM_QaqUpdateWidths)
       ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);

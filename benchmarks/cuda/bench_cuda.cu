@@ -137,9 +137,10 @@ void copy_row(benchmark::State& state) {
       benchmark::Counter(double(n) * double(state.iterations()), benchmark::Counter::kIsRate);
 }
 
-/// QAQ (QaqQuantizer<>) filled like the other rows, n = 5 decode steps to fill the histories, then each side's
-/// target bisected to ~3 average bits (as kvc_bench's QAQ rows), all on the device.
-using QaqDev = kvc::cuda::DeviceQaqCache<kvc::QaqQuantizer<>>;
+/// QAQ (QaqQuantizer<>, or QaqDev = DeviceQaqCache<QaqQuantizer<>, Rotation<...>>) filled like the other rows,
+/// n = 5 decode steps to fill the histories, then each side's target bisected to ~3 average bits (as kvc_bench's
+/// QAQ rows), all on the device.
+template <class QaqDev>
 struct QaqFilled {
   std::unique_ptr<QaqDev> cache;
   std::unique_ptr<kvc::cuda::DeviceBuffer<float>> probs;
@@ -190,11 +191,12 @@ struct QaqFilled {
 /// QAQ rows: step = false times decode attention (with the probabilities handed back); true a whole decode
 /// step as a model runs it, attention then the width update, with a new query each step (16 in turn), so that
 /// tokens really move between widths (repeating one step's probabilities would move nothing).
+template <class QaqDev>
 void qaq_row(benchmark::State& state, int T, int batch, int gqa, bool step) {
   const int H = kKvHeads * gqa;
   const std::size_t nq = std::size_t(batch) * H * kHeadDim;
   kvc::cuda::DeviceBuffer<kvc::half_t> dq = device_query(nq), dout(nq);
-  QaqFilled& f = QaqFilled::get(T, batch, gqa, dq, dout);
+  QaqFilled<QaqDev>& f = QaqFilled<QaqDev>::get(T, batch, gqa, dq, dout);
   std::vector<kvc::cuda::DeviceBuffer<kvc::half_t>> qs;
   for (std::uint64_t i = 0; i < 16; ++i) qs.push_back(device_query(nq, 100 + i));
   EventTimer timer;
@@ -299,6 +301,11 @@ int main(int argc, char** argv) {
   // GEAR's device append fits one rank-1 residual per block through cuBLAS/cuSOLVER: built for the
   // shorter shapes only.
   register_scheme<kvc::schemes::GearKivi2>("gear_kivi2", {4096, 32768}, {1});
+  // Rotation: the query rotated in the split kernel's prologue, the output un-rotated in the merge (beside the
+  // plain rows above: the per-step transform must not show at long context).
+  register_scheme<kvc::schemes::Rotated<kvc::schemes::Kivi2>>("kivi2_rot", {4096, 32768}, {1, 16});
+  register_scheme<kvc::schemes::Int4>("int4", {4096, 32768}, {1, 16});
+  register_scheme<kvc::schemes::Rotated<kvc::schemes::Int4>>("int4_rot", {4096, 32768}, {1, 16});
   // AlignedKV: fp16 bit planes read at the tiers its rules choose, and every tier 16 (beside fp16's rows).
   for (int Ta : {4096, 32768})
     for (int Ba : {1, 16})
@@ -313,17 +320,25 @@ int main(int argc, char** argv) {
               ->Unit(benchmark::kMicrosecond)
               ->MinTime(0.2);
         }
-  // QAQ at ~3 average code bits per side: decode attention alone, and whole steps (attention + width update).
-  for (int Tq : {4096, 32768})
-    for (int Bq : {1, 16})
-      for (int step = 0; step < 2; ++step) {
-        const std::string row = std::string(step ? "BM_CudaQaqDecodeStep" : "BM_CudaDecodeAttention/qaq") +
-                                "/T:" + std::to_string(Tq) + "/B:" + std::to_string(Bq) + "/G:4";
-        benchmark::RegisterBenchmark(row.c_str(), [=](benchmark::State& s) { qaq_row(s, Tq, Bq, 4, step != 0); })
-            ->UseManualTime()
-            ->Unit(benchmark::kMicrosecond)
-            ->MinTime(0.2);
-      }
+  // QAQ at ~3 average code bits per side: decode attention alone, and whole steps (attention + width update);
+  // "qaq_rot": with K and V Hadamard-rotated.
+  using Qaq = kvc::cuda::DeviceQaqCache<kvc::QaqQuantizer<>>;
+  using QaqRot = kvc::cuda::DeviceQaqCache<kvc::QaqQuantizer<>, kvc::Rotation<kvc::Hadamard<>>>;
+  for (int rot = 0; rot < 2; ++rot)
+    for (int Tq : {4096, 32768})
+      for (int Bq : {1, 16})
+        for (int step = 0; step < 2; ++step) {
+          const char* name[2][2] = {{"BM_CudaDecodeAttention/qaq", "BM_CudaQaqDecodeStep"},
+                                    {"BM_CudaDecodeAttention/qaq_rot", "BM_CudaQaqDecodeStep/rot"}};
+          const std::string row = std::string(name[rot][step]) + "/T:" + std::to_string(Tq) + "/B:" + std::to_string(Bq) +
+                                  "/G:4";
+          auto fn = rot ? [](benchmark::State& st, int a, int b, bool c) { qaq_row<QaqRot>(st, a, b, 4, c); }
+                        : [](benchmark::State& st, int a, int b, bool c) { qaq_row<Qaq>(st, a, b, 4, c); };
+          benchmark::RegisterBenchmark(row.c_str(), [=](benchmark::State& s) { fn(s, Tq, Bq, step != 0); })
+              ->UseManualTime()
+              ->Unit(benchmark::kMicrosecond)
+              ->MinTime(0.2);
+        }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
