@@ -169,9 +169,13 @@ struct CacheRules {
     check_groups<typename VF::quantizer>(cfg, "value");
     check_correction<KF>(cfg, "key");
     check_correction<VF>(cfg, "value");
+    check_rotation(cfg);
+    return L::selector::capacity_blocks(cfg.capacity, L::kBlockTokens);
+  }
+  /// Rejects a head_dim the rotation's transform cannot serve (also QAQ's caches, whose own setup checks the rest).
+  static void check_rotation(const CacheConfig& cfg) {
     KVC_CHECK(L::rotation::supports(cfg.head_dim), Errc::kInvalidArgument, "the rotation's transform does not serve head_dim ",
               cfg.head_dim, " (kvc::Hadamard: head_dim / its largest power-of-two factor must be <= 64)");
-    return L::selector::capacity_blocks(cfg.capacity, L::kBlockTokens);
   }
 
   /// Largest |x| an input may hold: the window storage's range, and for quantized sides what fp16

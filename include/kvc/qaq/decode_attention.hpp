@@ -108,13 +108,14 @@ void attend(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Wi
   const int tmax = *std::max_element(lengths.begin(), lengths.begin() + nseq);
   if (probs) probs->resize(nseq, H, tmax);
   AlignedBuffer<float> qs(std::size_t(nseq) * q.dim1 * d), result(std::size_t(nseq) * q.dim1 * d);
+  const std::uint32_t* tables = cache.rotation_tables(layer);  // null without a Rotation
   for (int s = 0; s < nseq; ++s)
-    for (int h = 0; h < q.dim1; ++h)
-      for (int c = 0; c < d; ++c) qs[(std::size_t(s) * q.dim1 + h) * d + c] = q.row(s, h)[c] * scale;
-  if constexpr (Cache::rotation::kKeys)  // q . k = (R q) . (R k): once per query head and step
-    for (int s = 0; s < nseq; ++s)
-      for (int h = 0; h < q.dim1; ++h)
-        Cache::rotation::rotate(true, cache.rotation_tables(layer), h / g, d, qs.data() + (std::size_t(s) * q.dim1 + h) * d);
+    for (int h = 0; h < q.dim1; ++h) {
+      float* row = qs.data() + (std::size_t(s) * q.dim1 + h) * d;
+      for (int c = 0; c < d; ++c) row[c] = q.row(s, h)[c] * scale;
+      if constexpr (Cache::rotation::kKeys)  // q . k = (R q) . (R k): once per query head and step
+        Cache::rotation::rotate(true, tables, h / g, d, row);
+    }
   bool (*run)(const Cache&, const typename Cache::Side&, const typename Cache::Side&, const kvc::detail::QaqStream&,
               float*) = nullptr;
   switch (isa) {
@@ -186,7 +187,7 @@ void attend(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Wi
     for (int h = 0; h < q.dim1; ++h) {
       float* o = result.data() + (std::size_t(s) * q.dim1 + h) * d;
       if constexpr (Cache::rotation::kValues)  // o = R^T sum_t p_t (R v_t)
-        Cache::rotation::unrotate(false, cache.rotation_tables(layer), h / g, d, o);
+        Cache::rotation::unrotate(false, tables, h / g, d, o);
       std::copy_n(o, d, out.row(s, h));
     }
 }

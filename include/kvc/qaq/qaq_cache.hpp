@@ -138,9 +138,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     mirror_v_.resize(streams);
     lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
     if constexpr (kRotated) {
-      KVC_CHECK(rotation::supports(cfg.head_dim), Errc::kInvalidArgument,
-                "the rotation's transform does not serve head_dim ", cfg.head_dim,
-                " (kvc::Hadamard: head_dim / its largest power-of-two factor must be <= 64)");
+      rules::check_rotation(cfg);
       rot_.resize(std::size_t(cfg.layers) * rotation_words());
       rotation::make_tables(cfg.layers, cfg.kv_heads, cfg.head_dim, rot_.data());
     }
@@ -271,14 +269,16 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   /// basis (a Rotation's rows un-rotated) (tests).
   void dequantize(int layer, int seq, float* k, float* v) const {
     const int d = cfg_.head_dim, H = cfg_.kv_heads;
+    const std::uint32_t* tables = rotation_tables(layer);
     for (int h = 0; h < H; ++h) {
       const std::size_t st = stream(layer, seq, h);
       for (int side = 0; side < 2; ++side) {
         const Side& sd = side == 0 ? keys_[st] : values_[st];
         float* out = side == 0 ? k : v;
         for_each_record(sd, [&](const std::byte* r, int b, std::uint32_t t) {
-          record::decode(r, d, b, out + (std::size_t(t) * H + h) * d);
-          if constexpr (kRotated) rotation::unrotate(side == 0, rotation_tables(layer), h, d, out + (std::size_t(t) * H + h) * d);
+          float* row = out + (std::size_t(t) * H + h) * d;
+          record::decode(r, d, b, row);
+          if constexpr (kRotated) rotation::unrotate(side == 0, tables, h, d, row);
         });
       }
     }
@@ -321,7 +321,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     // the layer's rotation tables, read by every decode step (as CacheRules::stored_bytes counts them)
     if (kRotated && std::any_of(lengths_.begin() + std::ptrdiff_t(layer) * cfg_.batch,
                                 lengths_.begin() + std::ptrdiff_t(layer + 1) * cfg_.batch, [](int n) { return n > 0; }))
-      total += rotation_words() * sizeof(std::uint32_t);
+      total += layout::rotation_bytes(cfg_.kv_heads, cfg_.head_dim);
     return total;
   }
   [[nodiscard]] std::size_t stored_bytes() const { return detail::stored_bytes_all_layers(*this); }
@@ -360,11 +360,12 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   [[nodiscard]] std::size_t stream(int layer, int seq, int head) const noexcept {
     return (std::size_t(layer) * cfg_.batch + seq) * cfg_.kv_heads + head;
   }
-  /// The fp16 cache's rules (QAQ's mirror is fp16), with this cache's rotation: the append checks and rotated_input.
-  using rules = detail::CacheRules<typename CompressedKVCache<NoQuantizer<half_t>, Rot...>::layout>;
+  /// The fp16 cache's layout and rules (QAQ's mirror is fp16), with this cache's rotation: the append checks,
+  /// rotated_input and the tables' size.
+  using layout = typename CompressedKVCache<NoQuantizer<half_t>, Rot...>::layout;
+  using rules = detail::CacheRules<layout>;
   void check_index(int layer, int seq) const { rules::check_index(cfg_, layer, seq); }
-  /// 32-bit words of one layer's rotation tables.
-  [[nodiscard]] std::size_t rotation_words() const noexcept { return std::size_t(cfg_.kv_heads) * rotation::head_words(cfg_.head_dim); }
+  [[nodiscard]] std::size_t rotation_words() const noexcept { return layout::rotation_words(cfg_.kv_heads, cfg_.head_dim); }
   /// Quantizes a mirror row and appends its record at width b.
   void put(Side& sd, const half_t* row, int b, std::uint32_t id) {
     std::vector<std::byte>& bk = sd.bucket[std::size_t(b - BMin)];

@@ -104,9 +104,7 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, 
     }
     lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
     if constexpr (kRotated) {  // the host cache's tables, drawn from the same seed
-      KVC_CHECK(rotation::supports(cfg.head_dim), Errc::kInvalidArgument,
-                "the rotation's transform does not serve head_dim ", cfg.head_dim,
-                " (kvc::Hadamard: head_dim / its largest power-of-two factor must be <= 64)");
+      rules::check_rotation(cfg);
       host_rot_.resize(std::size_t(cfg.layers) * rotation_words());
       rotation::make_tables(cfg.layers, cfg.kv_heads, cfg.head_dim, host_rot_.data());
       rot_ = DeviceBuffer<std::uint32_t>(host_rot_.size());
@@ -309,6 +307,7 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, 
   /// basis (a Rotation's rows un-rotated) (tests).
   void dequantize(int layer, int seq, float* k, float* v) const {
     const int d = cfg_.head_dim, H = cfg_.kv_heads;
+    const std::uint32_t* tables = host_rotation_tables(layer);
     for (int h = 0; h < H; ++h)
       for (int side = 0; side < 2; ++side) {
         const auto bk = buckets(layer, seq, h, side);
@@ -318,7 +317,7 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, 
             const std::byte* r = bk[std::size_t(w)].data() + o;
             float* row = (side == 0 ? k : v) + (std::size_t(record::token(r, d, BMin + w, id_bytes_)) * H + h) * d;
             record::decode(r, d, BMin + w, row);
-            if constexpr (kRotated) rotation::unrotate(side == 0, host_rotation_tables(layer), h, d, row);
+            if constexpr (kRotated) rotation::unrotate(side == 0, tables, h, d, row);
           }
         }
       }
@@ -357,12 +356,10 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, 
             "cudaMemcpy (QAQ counts)");
       for (std::size_t i = 0; i < n.size(); ++i)
         total += std::size_t(n[i]) * record::bytes(cfg_.head_dim, BMin + int(i % kWidths), id_bytes_);
-      bool any = false;
-      for (int s = 0; s < cfg_.batch; ++s) {
-        total += std::size_t(length(l, s)) * cfg_.kv_heads * sizeof(history);
-        any |= length(l, s) > 0;
-      }
-      if (kRotated && any) total += rotation_words() * sizeof(std::uint32_t);  // read by every decode step
+      const int* n = host_lengths(l);
+      for (int s = 0; s < cfg_.batch; ++s) total += std::size_t(n[s]) * cfg_.kv_heads * sizeof(history);
+      if (kRotated && std::any_of(n, n + cfg_.batch, [](int t) { return t > 0; }))
+        total += layout::rotation_bytes(cfg_.kv_heads, cfg_.head_dim);  // read by every decode step
     }
     return total;
   }
@@ -388,10 +385,11 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, 
   }
 
  private:
-  // the shape, index and value checks of every cache (the fp16 cache's rules, with this cache's rotation: they do
-  // not depend on the codec)
-  using rules = typename DeviceKVCache<NoQuantizer<half_t>, Rot...>::rules;
-  [[nodiscard]] std::size_t rotation_words() const noexcept { return std::size_t(cfg_.kv_heads) * rotation::head_words(cfg_.head_dim); }
+  // the shape, index and value checks of every cache and the tables' size (the fp16 cache's layout and rules, with
+  // this cache's rotation: they do not depend on the codec)
+  using layout = typename DeviceKVCache<NoQuantizer<half_t>, Rot...>::layout;
+  using rules = kvc::detail::CacheRules<layout>;
+  [[nodiscard]] std::size_t rotation_words() const noexcept { return layout::rotation_words(cfg_.kv_heads, cfg_.head_dim); }
   struct Layer {
     DeviceBuffer<std::byte> arenas;
     DeviceBuffer<std::uint32_t> counts;
