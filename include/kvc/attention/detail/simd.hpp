@@ -91,15 +91,20 @@ struct VecF {
   static VecF load(const std::int8_t* p) {
     return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))))};
   }
+  /// The 8 lanes rounded (current mode) and clamped to [0, 255] / [-128, 127], as 8 bytes: two saturating
+  /// packs (int32 -> int16 -> byte) in registers, the same clamp as std::clamp of every lane.
   void store_u8(std::uint8_t* p) const {
-    alignas(32) std::int32_t t[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(t), _mm256_cvtps_epi32(v));
-    for (int i = 0; i < 8; ++i) p[i] = static_cast<std::uint8_t>(std::clamp(t[i], 0, 255));
+    const __m128i w = packs_i32();
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(w, w));
   }
   void store_i8(std::int8_t* p) const {
-    alignas(32) std::int32_t t[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(t), _mm256_cvtps_epi32(v));
-    for (int i = 0; i < 8; ++i) p[i] = static_cast<std::int8_t>(std::clamp(t[i], -128, 127));
+    const __m128i w = packs_i32();
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(w, w));
+  }
+  /// The lanes as int32 (cvtps) saturated to int16, in order.
+  __m128i packs_i32() const {
+    const __m256i i = _mm256_cvtps_epi32(v);
+    return _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
   }
   void store(float* p) const { _mm256_storeu_ps(p, v); }
   float first() const { return _mm256_cvtss_f32(v); }
