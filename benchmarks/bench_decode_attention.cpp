@@ -57,8 +57,8 @@
 
 namespace {
 
-constexpr int kKvHeads = 8, kGqa = 4, kHeadDim = 128;
-using kvc_bench::kFlushBytes;
+using kvc_bench::kFlushBytes, kvc_bench::kKvHeads, kvc_bench::kGqa, kvc_bench::kHeadDim;
+using kvc_bench::make_kv, kvc_bench::fill, kvc_bench::build_cache, kvc_bench::bench_query;
 
 KVC_SUPPRESS_INTRINSIC_WARNINGS_BEGIN
 void BM_MemoryRead(benchmark::State& state) {
@@ -146,51 +146,6 @@ BENCHMARK(BM_MemoryReadRuns)
     ->ArgsProduct({{64, 256, 1024, 4096, 16384, 65536}, {50, 75, 100}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
-
-/// Keys with realistic structure: per-channel offsets and a few large outlier channels.
-std::vector<float> make_kv(int tokens, bool keys, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd;
-  std::vector<float> x(std::size_t(tokens) * kKvHeads * kHeadDim);
-  std::vector<float> offset(kKvHeads * kHeadDim), gain(kKvHeads * kHeadDim, 1.0f);
-  for (int i = 0; i < kKvHeads * kHeadDim; ++i) {
-    offset[i] = keys ? 0.5f * nd(rng) : 0.0f;
-    if (keys && i % 37 == 5) gain[i] = 8.0f;  // outlier channels
-  }
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const std::size_t ch = i % (kKvHeads * kHeadDim);
-    x[i] = offset[ch] + gain[ch] * nd(rng);
-  }
-  return x;
-}
-
-/// Appends `tokens` tokens of make_kv data to layer 0, sequence 0, in prefill chunks.
-template <class Cache>
-void fill(Cache& cache, int tokens) {
-  const int chunk = 4096;
-  for (int t0 = 0; t0 < tokens; t0 += chunk) {
-    const int n = std::min(chunk, tokens - t0);
-    const auto k = make_kv(n, true, 1u + t0), v = make_kv(n, false, 7u + t0);
-    cache.append(0, 0, kvc::KVView::contiguous(k.data(), n, kKvHeads, kHeadDim),
-                 kvc::KVView::contiguous(v.data(), n, kKvHeads, kHeadDim));
-  }
-}
-
-template <class Cache>
-std::unique_ptr<Cache> build_cache(int tokens) {
-  auto cache = std::make_unique<Cache>(kvc::CacheConfig{1, 1, kKvHeads, kHeadDim, tokens});
-  fill(*cache, tokens);
-  return cache;
-}
-
-/// The decode query: N(0, 1) per element, every head.
-std::vector<float> bench_query(unsigned seed = 3) {
-  std::vector<float> q(std::size_t(kKvHeads) * kGqa * kHeadDim);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd;
-  for (auto& x : q) x = nd(rng);
-  return q;
-}
 
 template <class Cache, kvc::Precision Prec = kvc::Precision::kFast>
 void BM_DecodeAttention(benchmark::State& state) {

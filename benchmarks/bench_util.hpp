@@ -1,5 +1,5 @@
-// Shared by the kvc_bench sources: the cache flush and the timed decode-step loop, so every
-// BM_DecodeAttention* benchmark measures and reports the same way.
+// Shared by the kvc_bench sources and kvc_phases: the synthetic K/V and query, the cache flush and the timed
+// decode-step loop, so every BM_DecodeAttention* benchmark measures and reports the same way.
 #pragma once
 
 #include "roofline.hpp"
@@ -8,14 +8,64 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <random>
 #include <vector>
 
 namespace kvc_bench {
 
 inline constexpr std::size_t kFlushBytes = std::size_t(1) << 30;  // > every last-level cache we run on
+/// The decode rows' shape: 8 KV heads, GQA 4, head dim 128, batch 1.
+inline constexpr int kKvHeads = 8, kGqa = 4, kHeadDim = 128;
+
+/// Keys with realistic structure: per-channel offsets and a few large outlier channels.
+inline std::vector<float> make_kv(int tokens, bool keys, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(std::size_t(tokens) * kKvHeads * kHeadDim);
+  std::vector<float> offset(kKvHeads * kHeadDim), gain(kKvHeads * kHeadDim, 1.0f);
+  for (int i = 0; i < kKvHeads * kHeadDim; ++i) {
+    offset[i] = keys ? 0.5f * nd(rng) : 0.0f;
+    if (keys && i % 37 == 5) gain[i] = 8.0f;  // outlier channels
+  }
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const std::size_t ch = i % (kKvHeads * kHeadDim);
+    x[i] = offset[ch] + gain[ch] * nd(rng);
+  }
+  return x;
+}
+
+/// Appends `tokens` tokens of make_kv data to layer 0, sequence 0, in prefill chunks.
+template <class Cache>
+void fill(Cache& cache, int tokens) {
+  const int chunk = 4096;
+  for (int t0 = 0; t0 < tokens; t0 += chunk) {
+    const int n = std::min(chunk, tokens - t0);
+    const auto k = make_kv(n, true, 1u + t0), v = make_kv(n, false, 7u + t0);
+    cache.append(0, 0, kvc::KVView::contiguous(k.data(), n, kKvHeads, kHeadDim),
+                 kvc::KVView::contiguous(v.data(), n, kKvHeads, kHeadDim));
+  }
+}
+
+template <class Cache>
+std::unique_ptr<Cache> build_cache(int tokens) {
+  auto cache = std::make_unique<Cache>(kvc::CacheConfig{1, 1, kKvHeads, kHeadDim, tokens});
+  fill(*cache, tokens);
+  return cache;
+}
+
+/// The decode query: N(0, 1) per element, every head.
+inline std::vector<float> bench_query(unsigned seed = 3) {
+  std::vector<float> q(std::size_t(kKvHeads) * kGqa * kHeadDim);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  for (auto& x : q) x = nd(rng);
+  return q;
+}
 
 /// Evicts the cache hierarchy by reading a buffer larger than the LLC (untimed by the benchmark). Reading,
 /// not writing, so the caches are left holding clean lines and the timed decode pays no write-backs. One

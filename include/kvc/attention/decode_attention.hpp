@@ -38,6 +38,7 @@
 #include <kvc/core/cpu_features.hpp>
 #include <kvc/core/error.hpp>
 #include <kvc/core/numeric.hpp>
+#include <kvc/core/phase_clock.hpp>
 #include <kvc/core/view.hpp>
 
 #include <algorithm>

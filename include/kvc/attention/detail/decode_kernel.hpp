@@ -57,6 +57,7 @@ class DecodeKernel {
   /// Runs blocks [b0, b1) of stream (seq, kvh), plus its full-precision tokens (if `fp`).
   void run(const float* q /*[g][d], pre-scaled*/, int seq, int kvh, int b0, int b1, bool fp, float* scratch,
            Item it) const {
+    KVC_PHASE_BEGIN();
     std::size_t used = 0;
     Scratch s = carve(scratch, used);
     const int d = d_;
@@ -72,7 +73,9 @@ class DecodeKernel {
 
     if (fp) {
       const int nfp = p_.fp_count(seq);
+      KVC_PHASE(kOther);
       for (int i = 0; i < nfp; i += B) fp_tokens(s, it, seq, kvh, i, std::min(nfp, i + B));
+      KVC_PHASE(kFpTokens);
     }
     const int ahead = prefetch_blocks();
     for (int b = b0; b < b1; ++b) {
@@ -99,6 +102,7 @@ class DecodeKernel {
         }
       }
     }
+    KVC_PHASE(kOther);
   }
 
  private:
@@ -464,14 +468,19 @@ class DecodeKernel {
   void block(Scratch& s, Item& it, int seq, int kvh, int b) const {
     const std::byte* kb = p_.key_block(seq, kvh, b);
     const std::byte* vb = p_.value_block(seq, kvh, b);
-    key_scores(s, kb);
+    KVC_PHASE(kOther);
+    KVC_PHASE_BLOCK();
+    key_scores(s, kb);  // marks kKeyPrep where the dot products start
+    KVC_PHASE(kKeyDot);
     if constexpr (KF::kCorrected)
       KF::correction::add_scores(KF::correction_region(kb, d_), widen_correction<KF>(s, kb), B, d_, s.qf, g_, s.sc, B);
     if constexpr (Layout::kKeyStreamOutliers) {
       const OutlierSlice o = p_.outliers(Side::kKey, seq, kvh, b);
       Layout::stream_outliers::add_scores(o.idx, widen(s, o.val, o.n), o.n, d_, s.qf, g_, s.sc, B);
     }
+    if constexpr (KF::kCorrected || Layout::kKeyStreamOutliers) KVC_PHASE(kCorrections);
     softmax_update(s, it, B);
+    KVC_PHASE(kSoftmax);
     if constexpr (VF::kCorrected)
       VF::correction::add_output(VF::correction_region(vb, d_), widen_correction<VF>(s, vb), B, d_, s.sc, g_, B,
                                  it.acc);
@@ -479,7 +488,9 @@ class DecodeKernel {
       const OutlierSlice o = p_.outliers(Side::kValue, seq, kvh, b);
       Layout::stream_outliers::add_output(o.idx, widen(s, o.val, o.n), o.n, d_, s.sc, g_, B, it.acc);
     }
-    value_accumulate(s, it, vb);
+    if constexpr (VF::kCorrected || Layout::kValueStreamOutliers) KVC_PHASE(kCorrections);
+    value_accumulate(s, it, vb);  // marks kValuePrep where the dot products start
+    KVC_PHASE(kValueDot);
   }
 
   /// A block's correction payload (fp16) widened to float into s.cwork with this path's conversion.
@@ -501,6 +512,7 @@ class DecodeKernel {
     const int d = d_;
     if constexpr (KF::kIdentity) {
       for (int h = 0; h < g_; ++h) s.bias[h] = 0.0f;
+      KVC_PHASE(kKeyPrep);
       float_key_dot(s, reinterpret_cast<const typename KF::element*>(kb), s.qf, 0, d, nullptr, nullptr, true);
     } else {
       s.kpacked = reinterpret_cast<const std::uint8_t*>(kb);
@@ -532,12 +544,14 @@ class DecodeKernel {
         if constexpr (kInt<KF>) {
           const bool lo = lo_plane_needed(s, s.fold);
           if (kLoPlaneAsFloat && lo) {  // exact float scores for this block
+            KVC_PHASE(kKeyPrep);
             float_key_dot<kQuads<KF>>(s, s.ktile, s.fold, 0, d, nullptr, nullptr, true);
             return;
           }
           if (!fast_fold)
             for (int h = 0; h < g_; ++h) s.bias[h] += s.kres[h];
           if (lo) add_lo_plane(s, s.fold, s.bias, d);
+          KVC_PHASE(kKeyPrep);
           int_key_dot(s, 0, d, s.q8, [&](int h, int t, F dot) {
             (dot * F::set1(s.qscale[h]) + F::set1(s.bias[h])).store(s.sc + std::size_t(h) * B + t);
           });
@@ -547,12 +561,14 @@ class DecodeKernel {
               fma(dot, F::set1(s.qscale_lo[h]), F::load(o)).store(o);
             });
         } else {
+          KVC_PHASE(kKeyPrep);
           float_key_dot<kQuads<KF>>(s, s.ktile, s.fold, 0, d, nullptr, nullptr, true);
         }
       } else {
         const int gc = KF::group_channels(d), ncg = d / gc;
         for (int h = 0; h < g_; ++h)
           std::memset(s.sc + std::size_t(h) * B, 0, sizeof(float) * B);
+        KVC_PHASE(kKeyPrep);
         for (int cg = 0; cg < ncg; ++cg) {
           const float* zrow = s.kzero + std::size_t(cg) * B;
           const float* srow = s.kscale + std::size_t(cg) * B;
@@ -604,8 +620,11 @@ class DecodeKernel {
         for (int e = 0; e < 2; ++e)
           for (int h = 0; h < NH; ++h)
             for (int jj = 0; jj < JT; ++jj) a[e][h][jj] = F::zero();
+        // One prefetch step (a line of each prefetch range) per 64 bytes this loop reads: issued faster than
+        // the loop consumes lines, the requests queue up and stall it (AVX2 fp16: every other channel).
+        constexpr int kLineC = std::max<int>(1, 64 / int(JT * N * sizeof(T)));
         auto step = [&](int c, F (&acc)[NH][JT]) {
-          s.prefetch_step();
+          if (kLineC == 1 || c % kLineC == 0) s.prefetch_step();
           F kv[JT];
           for (int jj = 0; jj < JT; ++jj) kv[jj] = F::load(tile + std::size_t(c) * B + j + jj * N);
           for (int h = 0; h < NH; ++h) {
@@ -746,6 +765,7 @@ class DecodeKernel {
         for (int h = 0; h < NH; ++h)
           for (int jj = 0; jj < JT; ++jj) a[h][jj] = I::zero();
         for (int c = c0; c < c1; c += 4) {
+          s.prefetch_step();  // spread the block's prefetches over the loop (a burst between blocks stalls)
           I code[JT];
           for (int jj = 0; jj < JT; ++jj) code[jj] = I::load(s.ktile + (std::size_t(c >> 2) * B + j + jj * N) * 4);
           for (int h = 0; h < NH; ++h) {
@@ -820,6 +840,7 @@ class DecodeKernel {
           }
         }
       }
+      KVC_PHASE(kValuePrep);
 #if KVC_ISA_LEVEL_ == 2
       if constexpr (kFused<VF>) {
         if (fused_v) {
@@ -872,6 +893,7 @@ class DecodeKernel {
 #endif
       for_head_chunks(g_, [&]<int NH>(int h0) {
         for (int c = 0; c < d; c += N) {
+          s.prefetch_step();  // one line per channel vector (the key loop issued most of the block's lines)
           const int cg = c / gc;
           F dot[NH];
           if constexpr (kInt<VF>) {
@@ -988,9 +1010,11 @@ class DecodeKernel {
         F a[NH][CT];
         for (int h = 0; h < NH; ++h)
           for (int k = 0; k < CT; ++k) a[h][k] = F::load(it.acc + std::size_t(h0 + h) * d + c + k * N);
+        // One prefetch step per 64 bytes read (see float_key_dot).
+        using Elem = std::remove_cvref_t<decltype(*row(0))>;
+        constexpr int kLineSteps = std::max<int>(1, int(CT * N * sizeof(Elem)) / 64);
         for (int t = 0; t < n; ++t) {
-          s.prefetch_step();
-          s.prefetch_step();
+          for (int k = 0; k < kLineSteps; ++k) s.prefetch_step();
           F v[CT];
           for (int k = 0; k < CT; ++k) v[k] = F::load(row(t) + c + k * N);
           for (int h = 0; h < NH; ++h) {
