@@ -114,15 +114,25 @@ TYPED_TEST(CacheQuant, BlocksMatchReferenceQuantization) {
   auto f = make_filled<Cache>(1, H, d, {TestFixture::lengths()[0]}, 2);
   const KV& x = f.data[0][0];
   const auto p = f.cache->params(0);
-  // Distinct, correctly placed blocks: block k of head h holds tokens S + kB ..
+  // Distinct, correctly placed blocks: block k of head h holds tokens S + kB .. (FullPrecisionWindow;
+  // AlignedSinkWindow: kB .., block 0's masked rows copies of its first token), as positions() says.
+  using Sel = typename Cache::selector;
+  const int n = x.T, masked = kvc::detail::masked_rows<Sel>();
+  std::vector<int> pos(std::size_t(kvc::detail::stored_rows<Sel>(n, B)));
+  Sel::positions(n, B, pos.data());
   std::vector<float> wk(std::size_t(B) * d), wv(std::size_t(B) * d);
   for (int blk = 0; blk < f.cache->quantized_blocks(0, 0); ++blk)
     for (int h = 0; h < H; ++h) {
-      for (int t = 0; t < B; ++t)
-        for (int c = 0; c < d; ++c) {
-          wk[std::size_t(t) * d + c] = storage_round<W>(x.k[x.at(S + blk * B + t, h, c)]);
-          wv[std::size_t(t) * d + c] = storage_round<W>(x.v[x.at(S + blk * B + t, h, c)]);
+      for (int t = 0; t < B; ++t) {
+        const int src = pos[std::size_t(blk * B + (pos[std::size_t(blk * B + t)] < 0 ? masked : t))];
+        if (masked == 0) {
+          ASSERT_EQ(src, S + blk * B + t);
         }
+        for (int c = 0; c < d; ++c) {
+          wk[std::size_t(t) * d + c] = storage_round<W>(x.k[x.at(src, h, c)]);
+          wv[std::size_t(t) * d + c] = storage_round<W>(x.v[x.at(src, h, c)]);
+        }
+      }
       SCOPED_TRACE("block " + std::to_string(blk) + " head " + std::to_string(h));
       expect_block_matches_reference<Cache, typename Cache::key_format>(p.key_block(0, h, blk), wk, d, "key");
       expect_block_matches_reference<Cache, typename Cache::value_format>(p.value_block(0, h, blk), wv, d, "value");
@@ -245,7 +255,7 @@ TYPED_TEST(CacheQuant, StoredBytesAndBitsPerElementFollowTheFormula) {
         const int n = cache->length(l, s), nb = cache->quantized_blocks(l, s);
         EXPECT_EQ(nb, Cache::selector::quantized_blocks(n, B));
         layer += std::size_t(H) * (std::size_t(nb) * (KF::block_bytes(d) + VF::block_bytes(d)) +
-                                   std::size_t(n - nb * B) * 2 * d * sizeof(W));
+                                   std::size_t(kvc::detail::fp_tokens<typename Cache::selector>(n, B)) * 2 * d * sizeof(W));
         elements += std::size_t(n) * 2 * H * d;
       }
       EXPECT_EQ(cache->stored_bytes(l), layer) << "layer " << l;

@@ -51,6 +51,10 @@ using Chan64 = kvc::CompressedKVCache<kvc::BlockTokens<64>, kvc::GroupQuantizer<
 using Sink = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<2, 32, Axis::kChannel>>,
                                     kvc::values<kvc::GroupQuantizer<2, 32, Axis::kToken>>,
                                     kvc::FullPrecisionWindow<16, 4>>;
+/// KIVI-4 with the same sink and window on the block grid (AlignedSinkWindow: block 0's first 4 rows masked).
+using SinkGrid = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<4, 32, Axis::kChannel>>,
+                                        kvc::values<kvc::GroupQuantizer<4, 32, Axis::kToken>>,
+                                        kvc::AlignedSinkWindow<16, 4>>;
 /// 6-bit per-token keys and 5-bit per-channel values (float-FMA paths, odd plane splits), fp32 window.
 using Mixed56 = kvc::CompressedKVCache<kvc::keys<kvc::UniformQuantizer<6>>,
                                        kvc::values<kvc::GroupQuantizer<5, 32, Axis::kChannel>>,
@@ -89,6 +93,7 @@ constexpr int fp_span() {
 template <class C>
 inline constexpr const char* scheme_name = "unnamed";
 template <> inline constexpr const char* scheme_name<sch::Fp32> = "Fp32";
+template <> inline constexpr const char* scheme_name<sch::SinkGrid> = "SinkGrid";
 template <> inline constexpr const char* scheme_name<sch::Fp16> = "Fp16";
 template <> inline constexpr const char* scheme_name<sch::Int8> = "Int8";
 template <> inline constexpr const char* scheme_name<sch::Kivi4> = "Kivi4";
@@ -313,7 +318,8 @@ ElementInfo element_info(const Cache& cache, int layer, int seq) {
   const auto& cfg = cache.config();
   const int n = cache.length(layer, seq), H = cfg.kv_heads, d = cfg.head_dim;
   const int B = Cache::kBlockTokens, nb = cache.quantized_blocks(layer, seq);
-  std::vector<int> where(static_cast<std::size_t>(n));  // position of every stored row
+  const int nfp = kvc::detail::fp_tokens<typename Cache::selector>(n, B);
+  std::vector<int> where(static_cast<std::size_t>(nb * B + nfp));  // position of every stored row (-1: masked)
   Cache::selector::positions(n, B, where.data());
   const auto p = cache.params(layer);
   ElementInfo e;
@@ -325,6 +331,7 @@ ElementInfo element_info(const Cache& cache, int layer, int seq) {
   e.v_lo.assign(sz, 0.0f);
   for (int row = 0; row < nb * B; ++row) {
     const int blk = row / B, t = row % B, pos = where[std::size_t(row)];
+    if (pos < 0) continue;  // AlignedSinkWindow's masked rows hold no token
     for (int h = 0; h < H; ++h)
       for (int c = 0; c < d; ++c) {
         const std::size_t i = (std::size_t(pos) * H + h) * d + c;
@@ -336,7 +343,7 @@ ElementInfo element_info(const Cache& cache, int layer, int seq) {
   e.v_quantized = e.quantized;
   if constexpr (Cache::layout::kQuantizedFpValues) {
     using RF = typename Cache::layout::value_row_format;
-    for (int i = 0; i < n - nb * B; ++i) {
+    for (int i = 0; i < nfp; ++i) {
       if (!p.fp_value_quantized(seq, i)) continue;
       const int pos = where[std::size_t(nb * B + i)];
       for (int h = 0; h < H; ++h) {

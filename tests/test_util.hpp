@@ -25,7 +25,7 @@
 // Every scheme's attention kernels (3 SIMD paths x 2 precisions) are compiled once per test binary,
 // in tests/test_kernel_instances_*.cpp, not in every test source that calls them (compile time).
 #define KVC_TEST_SCHEMES_A(X) X(Fp32) X(Fp16) X(Int8) X(Kivi4) X(Kivi2) X(Kivi3) X(Kivi1) X(Kivi8)
-#define KVC_TEST_SCHEMES_B(X) X(Tensor4) X(MidTok4) X(MidKivi) X(Chan64) X(Sink) X(Mixed56) X(Kivi4G16) X(Kivi2G16)
+#define KVC_TEST_SCHEMES_B(X) X(Tensor4) X(MidTok4) X(MidKivi) X(Chan64) X(Sink) X(SinkGrid) X(Mixed56) X(Kivi4G16) X(Kivi2G16)
 #define KVC_TEST_ATTENTION_SIGNATURE(S)                                                                          \
   void kvc::decode_attention<kvc_test::sch::S::layout>(const kvc_test::sch::S::layout::Params&, kvc::QueryView, \
                                                        kvc::OutputView, const kvc::AttentionOptions&);
@@ -39,7 +39,7 @@ namespace kvc_test {
 /// Every scheme the generic suites run over.
 using AllSchemes = ::testing::Types<sch::Fp32, sch::Fp16, sch::Int8, sch::Kivi4, sch::Kivi2, sch::Kivi3, sch::Kivi1,
                                     sch::Kivi8, sch::Tensor4, sch::MidTok4, sch::MidKivi, sch::Chan64, sch::Sink,
-                                    sch::Mixed56>;
+                                    sch::SinkGrid, sch::Mixed56>;
 
 /// True when either side reads <= 4-bit codes through the integer dot products.
 template <class Cache>

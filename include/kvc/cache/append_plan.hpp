@@ -8,6 +8,7 @@
 #pragma once
 
 #include <kvc/config.hpp>
+#include <kvc/core/concepts.hpp>
 
 #include <climits>
 #include <cstddef>
@@ -42,7 +43,7 @@ struct AppendPlan {
     ops.rows = &plan.block_rows;
     for (int i = 0; i < L::kFpSlots; ++i) ops.label[std::size_t(i)] = i;
     if constexpr (L::kQuantizedFpValues)
-      for (int i = 0; i < n - Sel::quantized_blocks(n, B) * B; ++i)
+      for (int i = 0; i < detail::fp_tokens<Sel>(n, B); ++i)
         if (Sel::value_quantized(n, i, B)) ops.qlabel[std::size_t(Sel::fp_slot(n, i, B))] = Sel::fp_slot(n, i, B);
     const std::vector<int> qlabel0 = ops.qlabel;
     for (int t = 0; t < tokens; ++t) {
@@ -52,7 +53,7 @@ struct AppendPlan {
     const int n_after = n + tokens, nb1 = Sel::quantized_blocks(n_after, B);
     plan.first_block = Sel::quantized_blocks(n, B);
     plan.blocks = nb1 - plan.first_block;
-    for (int i = 0; i < n_after - nb1 * B; ++i) {
+    for (int i = 0; i < detail::fp_tokens<Sel>(n_after, B); ++i) {
       const int slot = Sel::fp_slot(n_after, i, B);
       if (ops.label[std::size_t(slot)] != slot) {
         plan.dst.push_back(slot);

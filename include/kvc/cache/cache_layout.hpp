@@ -277,7 +277,7 @@ struct CacheLayout {
   }
   /// Full-precision tokens whose value is exact with n tokens (the others are quantized rows).
   KVC_HOST_DEVICE static constexpr int exact_fp_values(int n) noexcept {
-    const int fp = n - Sel::quantized_blocks(n, B) * B;
+    const int fp = detail::fp_tokens<Sel>(n, B);
     if constexpr (kQuantizedFpValues) return Sel::exact_values(n, B) < fp ? Sel::exact_values(n, B) : fp;
     else return fp;
   }
@@ -341,7 +341,7 @@ struct CacheLayout {
       return v_blocks + (std::size_t(stream(seq, head)) * capacity_blocks + blk) * value_format::block_bytes(head_dim);
     }
     /// Full-precision tokens of sequence `seq` (everything outside its quantized blocks).
-    KVC_HOST_DEVICE int fp_count(int seq) const noexcept { return lengths[seq] - quantized_blocks(seq) * B; }
+    KVC_HOST_DEVICE int fp_count(int seq) const noexcept { return detail::fp_tokens<Sel>(lengths[seq], B); }
     /// Row of full-precision slot `slot` of one stream side.
     KVC_HOST_DEVICE window_t* fp_slot_row(Side side, int seq, int head, int slot) const noexcept {
       return (side == Side::kKey ? k_fp : v_fp) + (std::size_t(stream(seq, head)) * kFpSlots + slot) * head_dim;

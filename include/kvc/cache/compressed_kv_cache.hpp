@@ -204,7 +204,8 @@ class CompressedKVCache {
     const int n = length(layer, seq);
     const params_type p = params(layer);
     const int B = kBlockTokens, nb = selector::quantized_blocks(n, B), d = cfg_.head_dim, H = cfg_.kv_heads;
-    std::vector<int> pos(static_cast<std::size_t>(n));
+    const int nfp = detail::fp_tokens<selector>(n, B);
+    std::vector<int> pos(static_cast<std::size_t>(nb * B + nfp));
     selector::positions(n, B, pos.data());
     std::vector<float> kx(std::size_t(B) * d), vx(kx.size());
     for (int h = 0; h < H; ++h) {
@@ -212,12 +213,13 @@ class CompressedKVCache {
         reconstruct_block<key_format>(p, seq, h, blk, kx.data());
         reconstruct_block<value_format>(p, seq, h, blk, vx.data());
         for (int t = 0; t < B; ++t) {
+          if (pos[std::size_t(blk) * B + t] < 0) continue;  // AlignedSinkWindow: a masked row holds no token
           const std::size_t row = (std::size_t(pos[std::size_t(blk) * B + t]) * H + h) * d;
           std::copy_n(kx.data() + std::size_t(t) * d, d, k + row);
           std::copy_n(vx.data() + std::size_t(t) * d, d, v + row);
         }
       }
-      for (int i = 0; i < n - nb * B; ++i) {
+      for (int i = 0; i < nfp; ++i) {
         const std::size_t row = (std::size_t(pos[std::size_t(nb) * B + i]) * H + h) * d;
         for (int c = 0; c < d; ++c) {
           k[row + c] = p.fp_element(Side::kKey, seq, h, i, c);

@@ -144,6 +144,12 @@ struct cache_checks {
   static_assert(std::is_void_v<typename R::streaming> || R::kCorrected,
                 "kvc::LiteralMode recompresses GEAR's corrections: add kvc::OutlierFilter and/or "
                 "kvc::LowRankResidual");
+  static_assert(masked_rows<typename R::selector>() < R::block::kTokens,
+                "kvc::AlignedSinkWindow<Recent, Sink>: the sink sits in block 0, so Sink must be smaller than the "
+                "block (BlockTokens<B>)");
+  static_assert(masked_rows<typename R::selector>() == 0 || std::is_void_v<typename R::streaming>,
+                "kvc::AlignedSinkWindow: LiteralMode recompresses the whole history without block 0's row mask; "
+                "use block mode or FullPrecisionWindow<Recent, Sink>");
   static_assert(!R::kStreamScope || !std::is_void_v<typename R::streaming>,
                 "kvc: OutlierScope::kStream selects outliers over the whole history, which only kvc::LiteralMode "
                 "recompresses; block mode compresses each block once (use OutlierScope::kBlock)");
@@ -274,7 +280,7 @@ struct CacheRules {
       total += L::rotation_bytes(cfg.kv_heads, d);
     for (int s = 0; s < cfg.batch; ++s) {
       const int nb = L::selector::quantized_blocks(lengths[s], B);
-      const std::size_t fp_tokens = std::size_t(lengths[s]) - std::size_t(nb) * B;
+      const std::size_t fp_tokens = std::size_t(detail::fp_tokens<typename L::selector>(lengths[s], B));
       std::size_t table = 0;  // per side: the entries and the nb + 1 offsets the kernel reads
       if constexpr (L::kStreamOutliers)
         if (nb > 0) {

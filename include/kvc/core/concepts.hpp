@@ -69,6 +69,27 @@ concept Selector = PolicyOf<S, kind::selector> && requires(int n, int* pos) {
   S::positions(n, n, pos);
 };
 
+namespace detail {
+/// Rows at the start of block 0 that hold no token (AlignedSinkWindow: where its sink sits on the block
+/// grid; the kernels mask them out of the softmax); 0 for every other selector. Host+device.
+template <class S>
+KVC_HOST_DEVICE constexpr int masked_rows() noexcept {
+  if constexpr (requires { S::kMaskedRows; }) return S::kMaskedRows;
+  else return 0;
+}
+/// Full-precision tokens of a stream holding n tokens (everything not in a quantized block).
+template <class S>
+KVC_HOST_DEVICE constexpr int fp_tokens(int n, int block_tokens) noexcept {
+  const int nb = S::quantized_blocks(n, block_tokens);
+  return n - nb * block_tokens + (nb > 0 ? masked_rows<S>() : 0);
+}
+/// Stored rows (block rows, masked ones included, then full-precision tokens): what positions() fills.
+template <class S>
+KVC_HOST_DEVICE constexpr int stored_rows(int n, int block_tokens) noexcept {
+  return S::quantized_blocks(n, block_tokens) * block_tokens + fp_tokens<S>(n, block_tokens);
+}
+}  // namespace detail
+
 /// Apply a quantizer to keys only / values only.
 template <Quantizer Q>
 struct keys {

@@ -6,6 +6,7 @@
 /// cache holds quantized blocks (in the order the selector hands them out) and `fp_slots(B)` rows of
 /// full-precision storage; with n tokens, quantized_blocks(n, B) blocks are live and the other
 /// n - quantized_blocks(n, B) * B tokens are full precision, the i-th of them in slot fp_slot(n, i, B).
+/// (AlignedSinkWindow: block 0's first kMaskedRows rows hold no token, see detail::fp_tokens.)
 /// `append_token` tells the cache, as slot operations (write, move, compress; PartialLogWindow also
 /// quantize_value with value_quantized / exact_values), what appending token n does; `positions` says
 /// which position every stored row holds (tests, dequantize). Attention is invariant under permuting
@@ -80,4 +81,76 @@ struct FullPrecisionWindow {
 
 /// No window: every complete block is quantized (only the incomplete newest block stays exact).
 using NoWindow = FullPrecisionWindow<0, 0>;
+
+/// FullPrecisionWindow's sink without moving the block grid. FullPrecisionWindow<R, S> starts block 0 at
+/// token S, so at a length that is a multiple of B the newest B - S tokens still wait in full precision
+/// (4.86 instead of 4.53 bits/element for a 4-token sink and 4-bit KIVI on 64-token groups at 2048
+/// tokens). Here block k holds tokens [kB, (k+1)B) and the sink's rows of block 0 hold no token:
+///  - they are quantized from copies of token Sink (so block 0's per-channel ranges and every other
+///    statistic come from its B - Sink real tokens, which is what keeping the sink exact is for: its
+///    huge-norm keys no longer stretch the grid of its neighbours), stored and read like any row
+///    (counted in the bytes), and masked out of the softmax by the kernels (probability exactly 0);
+///  - the sink tokens live in full-precision slots [0, Sink), the newest tokens in a ring of
+///    Recent + B slots at Sink + pos % ring.
+/// Block k is quantized when it is complete and older than the window, n - (k+1)B >= Recent, so with
+/// n tokens the newest max(Recent, ...) and at most Recent + B - 1 of them are exact besides the sink.
+/// Requires 0 < Sink < B (CacheLayout checks it). Served by the CPU kernels; the CUDA cache rejects it
+/// at compile time (its kernels have no row mask yet).
+template <int Recent, int Sink, StorageType Storage = half_t>
+struct AlignedSinkWindow {
+  static_assert(Recent >= 0 && Sink > 0, "kvc::AlignedSinkWindow<Recent, Sink>: Recent >= 0, Sink > 0 (Sink = 0 "
+                                          "is FullPrecisionWindow<Recent>)");
+  using policy_kind = kind::selector;
+  using storage = Storage;
+  static constexpr int kRecent = Recent;
+  static constexpr int kSink = Sink;
+  static constexpr int kMaskedRows = Sink;  ///< block 0's rows [0, Sink) hold no token
+
+  KVC_HOST_DEVICE static constexpr int quantized_blocks(int n, int block_tokens) noexcept {
+    return n >= Recent + block_tokens ? (n - Recent) / block_tokens : 0;
+  }
+  KVC_HOST_DEVICE static constexpr int capacity_blocks(int capacity, int block_tokens) noexcept {
+    return quantized_blocks(capacity, block_tokens);
+  }
+  KVC_HOST_DEVICE static constexpr int ring_tokens(int block_tokens) noexcept { return Recent + block_tokens; }
+  KVC_HOST_DEVICE static constexpr int fp_slots(int block_tokens) noexcept { return Sink + ring_tokens(block_tokens); }
+  /// Slot of token `pos` while it is full precision. The ring holds positions [nb * B, n) (fewer than
+  /// Recent + B of them), so pos % ring is unique among them.
+  KVC_HOST_DEVICE static constexpr int slot_of(int pos, int block_tokens) noexcept {
+    return pos < Sink ? pos : Sink + pos % ring_tokens(block_tokens);
+  }
+  /// Position of the i-th full-precision token: the sink, then the tokens after the blocks (after the
+  /// sink while no block is quantized).
+  KVC_HOST_DEVICE static constexpr int fp_position(int n, int i, int block_tokens) noexcept {
+    const int nb = quantized_blocks(n, block_tokens);
+    return i < Sink || nb == 0 ? i : nb * block_tokens + (i - Sink);
+  }
+  KVC_HOST_DEVICE static constexpr int fp_slot(int n, int i, int block_tokens) noexcept {
+    return slot_of(fp_position(n, i, block_tokens), block_tokens);
+  }
+
+  /// Appending token n: ops.write(slot); when it completes a block older than the window,
+  /// ops.compress(block, slot_of_row), block 0's masked rows reading token Sink's slot.
+  KVC_HD_CALLABLE_TEMPLATE
+  template <class Ops>
+  KVC_HOST_DEVICE static void append_token(int n, int block_tokens, Ops& ops) {
+    ops.write(slot_of(n, block_tokens));
+    const int nb = quantized_blocks(n, block_tokens);
+    if (quantized_blocks(n + 1, block_tokens) > nb) {
+      const int first = nb * block_tokens;
+      ops.compress(nb, [first, block_tokens](int r) {
+        return slot_of(first == 0 && r < Sink ? Sink : first + r, block_tokens);
+      });
+    }
+  }
+
+  /// Position of every stored row (detail::stored_rows(n, B) entries): pos[b * B + r] for row r of
+  /// block b (-1 for block 0's masked rows), then the full-precision tokens in storage order.
+  KVC_HOST_DEVICE static void positions(int n, int block_tokens, int* pos) noexcept {
+    const int nb = quantized_blocks(n, block_tokens), q = nb * block_tokens;
+    for (int i = 0; i < q; ++i) pos[i] = i < Sink ? -1 : i;
+    const int fp = n - q + (nb > 0 ? Sink : 0);
+    for (int i = 0; i < fp; ++i) pos[q + i] = fp_position(n, i, block_tokens);
+  }
+};
 }  // namespace kvc

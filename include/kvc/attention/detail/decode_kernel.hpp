@@ -23,6 +23,7 @@ class DecodeKernel {
   static constexpr int B = Layout::kBlockTokens;
   static constexpr int N = F::N;
   static constexpr int JT = (B / N) >= 2 ? 2 : 1;  // token vectors per pass (ILP)
+  static constexpr int kMaskedRows = detail::masked_rows<typename Layout::selector>();  // rows of block 0
   static_assert(B % (N * JT) == 0);
   /// Integer dot products for this side (fast precision and <= 4-bit codes).
   template <class Fmt>
@@ -479,6 +480,12 @@ class DecodeKernel {
       Layout::stream_outliers::add_scores(o.idx, widen(s, o.val, o.n), o.n, d_, s.qf, g_, s.sc, B);
     }
     if constexpr (KF::kCorrected || Layout::kKeyStreamOutliers) KVC_PHASE(kCorrections);
+    // AlignedSinkWindow: block 0's first rows hold no token; probability exactly 0 (exp2(-inf)), so the
+    // value pass adds nothing for them (their codes are finite copies of a real row).
+    if constexpr (kMaskedRows > 0)
+      if (b == 0)
+        for (int h = 0; h < g_; ++h)
+          for (int r = 0; r < kMaskedRows; ++r) s.sc[std::size_t(h) * B + r] = -std::numeric_limits<float>::infinity();
     softmax_update(s, it, B);
     KVC_PHASE(kSoftmax);
     if constexpr (VF::kCorrected)
