@@ -478,6 +478,11 @@ const int registered = [] {
   register_scheme<kvc::schemes::Rotated<kvc::schemes::Int4>>("int4_rot");
   register_scheme<kvc::schemes::Rotated<kvc::schemes::Kivi4>>("kivi4_rot");
   register_scheme<kvc::schemes::Rotated<kvc::schemes::Kivi2>>("kivi2_rot");
+  // The <= 4.6-bit scheme of the SmolLM2 sweep: KIVI-4 on 64-token groups, a 4-token sink on the block grid
+  // (block 0's sink rows masked), rotated; beside the same blocks without sink and rotation.
+  register_scheme<kvc::schemes::KiviWith<4, 64, 64, 0>>("kivi4_b64");
+  register_scheme<kvc::schemes::KiviGridSink<4>>("kivi4_b64_gsink4");
+  register_scheme<kvc::schemes::Rotated<kvc::schemes::KiviGridSink<4>>>("kivi4_b64_gsink4_rot");
   benchmark::RegisterBenchmark("BM_RotationStep/hadamard", BM_RotationStep<kvc::schemes::Rotated<kvc::schemes::Int4>>)
       ->Unit(benchmark::kMicrosecond);
   // AlignedKV: fp16 in bit planes read at the tiers its rules choose, and the same kernel forced to 16 bits.

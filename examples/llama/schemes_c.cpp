@@ -36,6 +36,30 @@ std::vector<SchemeEntry> schemes_c() {
       entry<Rotated<Kivi4Sink4<64, 0>>>("kivi4-b64-sink4-rot", "kivi4-b64-sink4 with K and V Hadamard-rotated"),
       entry<Rotated<Kivi4Sink4<128, 16>>>("kivi4-b128-w16-sink4-rot",
                                           "kivi4-b128 with a 4-token sink and a 16-token window, K and V rotated"),
+      // ... the sink on the block grid (AlignedSinkWindow): the sink costs its 4 tokens, not a block
+      entry<KiviGridSink<4, 64>>("kivi4-b64-gsink4", "kivi4-b64 with a 4-token fp16 sink on the block grid"),
+      entry<Rotated<KiviGridSink<4, 64>>>("kivi4-b64-gsink4-rot", "kivi4-b64-gsink4 with K and V Hadamard-rotated"),
+      entry<RotatedValues<KiviGridSink<4, 64>>>("kivi4-b64-gsink4-rotv", "kivi4-b64-gsink4 with V Hadamard-rotated"),
+      entry<Rotated<KiviGridSink<4, 64, 8>>>("kivi4-b64-gsink8-rot", "kivi4-b64 with an 8-token grid sink, K and V rotated"),
+      entry<KiviGridSink<4, 128>>("kivi4-b128-gsink4", "kivi4-b128 with a 4-token fp16 sink on the block grid"),
+      entry<Rotated<KiviGridSink<4, 128>>>("kivi4-b128-gsink4-rot", "kivi4-b128-gsink4 with K and V Hadamard-rotated"),
+      entry<RotatedValues<KiviGridSink<4, 128>>>("kivi4-b128-gsink4-rotv", "kivi4-b128-gsink4 with V Hadamard-rotated"),
+      // KIVI-4 and KIVI-2 as the sweep runs them (group 32, 128-token window) with the grid sink: rotating
+      // per-channel key groups pays once the sink no longer shares block 0's grid
+      entry<KiviGridSink<4, 32, 4, 128, 32>>("kivi4-gsink4", "kivi4 with a 4-token fp16 sink on the block grid"),
+      entry<Rotated<KiviGridSink<4, 32, 4, 128, 32>>>("kivi4-gsink4-rot", "kivi4-gsink4 with K and V Hadamard-rotated"),
+      entry<RotatedValues<KiviGridSink<4, 32, 4, 128, 32>>>("kivi4-gsink4-rotv", "kivi4-gsink4 with V Hadamard-rotated"),
+      entry<KiviGridSink<2, 32, 4, 128, 32>>("kivi2-gsink4", "kivi2 with a 4-token fp16 sink on the block grid"),
+      entry<Rotated<KiviGridSink<2, 32, 4, 128, 32>>>("kivi2-gsink4-rot", "kivi2-gsink4 with K and V Hadamard-rotated"),
+      entry<KiviGridSink<3, 32, 4, 128, 32>>("kivi3-gsink4", "kivi3 with a 4-token fp16 sink on the block grid"),
+      entry<Rotated<KiviGridSink<3, 32, 4, 128, 32>>>("kivi3-gsink4-rot", "kivi3-gsink4 with K and V Hadamard-rotated"),
+      // ... and on 64-token groups, no window (3.53 / 2.53 bits at 2048 tokens)
+      entry<KiviGridSink<3, 64>>("kivi3-b64-gsink4", "3-bit, 64-token key groups, 64-channel value groups, 4-token grid sink"),
+      entry<Rotated<KiviGridSink<3, 64>>>("kivi3-b64-gsink4-rot", "kivi3-b64-gsink4 with K and V Hadamard-rotated"),
+      entry<KiviGridSink<2, 64>>("kivi2-b64-gsink4", "2-bit, 64-token key groups, 64-channel value groups, 4-token grid sink"),
+      entry<Rotated<KiviGridSink<2, 64>>>("kivi2-b64-gsink4-rot", "kivi2-b64-gsink4 with K and V Hadamard-rotated"),
+      entry<Rotated<CompressedKVCache<UniformQuantizer<4, Scope::kToken>, AlignedSinkWindow<0, 4>>>>(
+          "int4-gsink4-rot", "int4 with a 4-token fp16 sink on the block grid, K and V Hadamard-rotated"),
       entry<Rotated<CompressedKVCache<UniformQuantizer<4, Scope::kToken>, FullPrecisionWindow<0, 4>>>>(
           "int4-sink4-rot", "int4 with a 4-token fp16 sink, K and V Hadamard-rotated"),
       entry<Rotated<CompressedKVCache<UniformQuantizer<4, Scope::kToken>, FullPrecisionWindow<16, 4>>>>(
