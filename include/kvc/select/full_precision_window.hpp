@@ -103,9 +103,10 @@ using NoWindow = FullPrecisionWindow<0, 0>;
 /// token S, so at a length that is a multiple of B the newest B - S tokens still wait in full precision
 /// (4.86 instead of 4.53 bits/element for a 4-token sink and 4-bit KIVI on 64-token groups at 2048
 /// tokens). Here block k holds tokens [kB, (k+1)B) and the sink's rows of block 0 hold no token:
-/// they are quantized from copies of token Sink (so block 0's per-channel ranges and every other
-/// statistic come from its B - Sink real tokens, which is what keeping the sink exact is for: its
-/// huge-norm keys no longer stretch its neighbours' grid), stored and read like any row (counted in
+/// they are quantized from copies of token Sink (so block 0's per-channel ranges come from its B - Sink
+/// real tokens, which is what keeping the sink exact is for: its huge-norm keys no longer stretch its
+/// neighbours' grid; statistics that weigh rows, GEAR's outlier ranks and low-rank factors, count token
+/// Sink Sink + 1 times), stored and read like any row (counted in
 /// the bytes), and masked out of the softmax by the kernels (probability exactly 0). The sink lives in
 /// full-precision slots [0, Sink), the newest tokens in the ring. Requires 0 < Sink < B (cache_checks).
 /// Served by the CPU kernels; the CUDA cache and kernel reject it at compile time (no row mask yet).
