@@ -205,7 +205,7 @@ class CompressedKVCache {
     const params_type p = params(layer);
     const int B = kBlockTokens, nb = selector::quantized_blocks(n, B), d = cfg_.head_dim, H = cfg_.kv_heads;
     const int nfp = detail::fp_tokens<selector>(n, B);
-    std::vector<int> pos(static_cast<std::size_t>(nb * B + nfp));
+    std::vector<int> pos(static_cast<std::size_t>(detail::stored_rows<selector>(n, B)));
     selector::positions(n, B, pos.data());
     std::vector<float> kx(std::size_t(B) * d), vx(kx.size());
     for (int h = 0; h < H; ++h) {

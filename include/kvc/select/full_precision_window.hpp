@@ -34,6 +34,7 @@ struct SinkWindowRule {
   using storage = Storage;
   static constexpr int kRecent = Recent;
   static constexpr int kSink = Sink;
+  static constexpr int kMaskedRows = Sink - Origin;  ///< rows of block 0 before position Sink (detail::masked_rows)
 
   /// Number of quantized blocks once the sequence holds n tokens.
   KVC_HOST_DEVICE static constexpr int quantized_blocks(int n, int block_tokens) noexcept {
@@ -82,7 +83,7 @@ struct SinkWindowRule {
   KVC_HOST_DEVICE static void positions(int n, int block_tokens, int* pos) noexcept {
     const int q = quantized_blocks(n, block_tokens) * block_tokens;
     for (int i = 0; i < q; ++i) pos[i] = Origin + i < Sink ? -1 : Origin + i;
-    const int fp = n - q + (q > 0 ? Sink - Origin : 0);
+    const int fp = detail::fp_tokens<SinkWindowRule>(n, block_tokens);
     for (int i = 0; i < fp; ++i) pos[q + i] = fp_position(n, i, block_tokens);
   }
 };
@@ -106,14 +107,13 @@ using NoWindow = FullPrecisionWindow<0, 0>;
 /// they are quantized from copies of token Sink (so block 0's per-channel ranges come from its B - Sink
 /// real tokens, which is what keeping the sink exact is for: its huge-norm keys no longer stretch its
 /// neighbours' grid; statistics that weigh rows, GEAR's outlier ranks and low-rank factors, count token
-/// Sink Sink + 1 times), stored and read like any row (counted in
-/// the bytes), and masked out of the softmax by the kernels (probability exactly 0). The sink lives in
+/// Sink Sink + 1 times), stored and read like any row (counted in the bytes), and masked out of the
+/// softmax by the kernels (probability exactly 0). The sink lives in
 /// full-precision slots [0, Sink), the newest tokens in the ring. Requires 0 < Sink < B (cache_checks).
 /// Served by the CPU kernels; the CUDA cache and kernel reject it at compile time (no row mask yet).
 template <int Recent, int Sink, StorageType Storage = half_t>
 struct AlignedSinkWindow : detail::SinkWindowRule<Recent, Sink, Storage, 0> {
   static_assert(Recent >= 0 && Sink > 0, "kvc::AlignedSinkWindow<Recent, Sink>: Recent >= 0, Sink > 0 (Sink = 0 "
                                           "is FullPrecisionWindow<Recent>)");
-  static constexpr int kMaskedRows = Sink;  ///< block 0's rows [0, Sink) hold no token
 };
 }  // namespace kvc
