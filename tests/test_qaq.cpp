@@ -779,11 +779,23 @@ void matches_the_oracle_while_widths_change(QaqShape shape) {
 }
 
 TEST_P(QaqCacheAttention, MatchesTheOracleWhileWidthsChangeEveryStep) { matches_the_oracle_while_widths_change<Qaq>(GetParam()); }
-// The same with K and V Hadamard-rotated (rotate/rotation.hpp): records, mirror and raises in the rotated basis,
-// the query rotated and the output un-rotated by the fused kernels.
+// The same with K and V Hadamard-rotated (rotate/rotation.hpp): the outliers taken before the rotation (their
+// terms with the un-rotated query, added to the un-rotated output), the residuals' records, mirror and raises in
+// the rotated basis, the query rotated and the output un-rotated by the fused kernels; one side rotated; and
+// without outliers (the whole row rotated).
 TEST_P(QaqCacheAttention, RotatedMatchesTheOracleWhileWidthsChangeEveryStep) {
   matches_the_oracle_while_widths_change<kvc::CompressedKVCache<kvc::QaqQuantizer<>, kvc::Rotation<kvc::Hadamard<>>>>(
       GetParam());
+}
+TEST_P(QaqCacheAttention, OneSideRotatedMatchesTheOracleWhileWidthsChangeEveryStep) {
+  matches_the_oracle_while_widths_change<kvc::CompressedKVCache<kvc::QaqQuantizer<>, kvc::RotateKeys<kvc::Hadamard<>>>>(
+      GetParam());
+  matches_the_oracle_while_widths_change<kvc::CompressedKVCache<kvc::QaqQuantizer<>, kvc::RotateValues<kvc::Hadamard<>>>>(
+      GetParam());
+}
+TEST_P(QaqCacheAttention, RotatedWithoutOutliersMatchesTheOracleWhileWidthsChangeEveryStep) {
+  matches_the_oracle_while_widths_change<
+      kvc::CompressedKVCache<kvc::QaqQuantizer<1, 8, 0>, kvc::Rotation<kvc::Hadamard<>>>>(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, QaqCacheAttention,
@@ -927,7 +939,8 @@ TEST(QaqCache, FusedStepErrorsLeaveTheCacheUnchanged) {
 }
 
 /// Every record of (layer 0, seq) reconstructs exactly as the original (x; with a Rotation, R x rounded to fp16 as
-/// the mirror holds it) quantized at the record's width.
+/// the mirror holds it; on a split side the outliers of x and the rotated residual's codes) quantized at the
+/// record's width.
 template <class Cache>
 void expect_records_are_the_original_at_their_width(const Cache& c, int seq, const kvc_test::KV& x) {
   using Q = typename Cache::quantizer;
@@ -939,6 +952,28 @@ void expect_records_are_the_original_at_their_width(const Cache& c, int seq, con
         const std::size_t n = static_cast<std::size_t>(d);
         std::vector<float> orig(n), got(n), fresh(n);
         for (int i = 0; i < d; ++i) orig[std::size_t(i)] = (side == 0 ? x.k : x.v)[x.at(int(t), h, i)];
+        if (side == 0 ? Cache::kSplitKeys : Cache::kSplitValues) {
+          // the outliers taken in the original basis and kept as they are; the codes are the rotated residual's
+          const int no = Q::outliers(d);
+          std::vector<std::uint8_t> idx(std::size_t(no), 0);
+          std::vector<kvc::half_t> val(static_cast<std::size_t>(no));
+          std::uint32_t taken[Q::kMaxHeadDim / 32] = {};
+          Q::select_outliers(orig.data(), d, idx.data(), val.data(), taken);
+          for (int j = 0; j < no; ++j) {
+            ASSERT_EQ(Cache::record::outlier_channels(r, d, b)[j], idx[std::size_t(j)]);
+            ASSERT_EQ(Cache::record::outlier_values(r, d, b)[j].bits, val[std::size_t(j)].bits);
+            ASSERT_EQ(val[std::size_t(j)].bits, kvc::half_t::from_float(orig[idx[std::size_t(j)]]).bits);  // as fp16
+            orig[idx[std::size_t(j)]] = 0.0f;
+          }
+          Cache::rotation::rotate(side == 0, c.rotation_tables(0), h, d, orig.data());
+          for (float& o : orig) o = kvc::half_t::from_float(o).to_float();
+          std::vector<std::uint8_t> c8(n);
+          const kvc::QuantMeta m = Q::quantize_all(orig.data(), d, c8.data());
+          for (int i = 0; i < d; ++i) fresh[std::size_t(i)] = Q::decode(m, b, Q::narrow(c8[std::size_t(i)], b));
+          kvc::qaq::RecordFormat<Q, true>::decode(r, d, b, got.data());
+          ASSERT_EQ(got, fresh) << "split side " << side << " head " << h << " token " << t << " width " << b;
+          return;
+        }
         if constexpr (Cache::kRotated) Cache::rotation::rotate(side == 0, c.rotation_tables(0), h, d, orig.data());
         for (float& o : orig) o = kvc::half_t::from_float(o).to_float();
         Cache::record::decode(r, d, b, got.data());
@@ -989,11 +1024,18 @@ void lowering_shifts_and_raising_restores_from_the_mirror(int d) {
 }
 
 TEST(QaqCache, LoweringShiftsAndRaisingRestoresFromTheMirror) { lowering_shifts_and_raising_restores_from_the_mirror<Qaq>(64); }
-// Rotated: the mirror holds R x, from which raises re-encode (d 64: one Hadamard block; 96: 3 mixed blocks of 32).
+// Rotated: the mirror holds R (x - o), from which raises re-encode (d 64: one Hadamard block; 96: 3 mixed blocks
+// of 32); without outliers R x; one side rotated, the other as the plain cache.
 TEST(QaqCache, RotatedLoweringShiftsAndRaisingRestoresFromTheRotatedMirror) {
   using Rotated = kvc::CompressedKVCache<kvc::QaqQuantizer<>, kvc::Rotation<kvc::Hadamard<>>>;
+  static_assert(Rotated::kSplitKeys && Rotated::kSplitValues);
   lowering_shifts_and_raising_restores_from_the_mirror<Rotated>(64);
   lowering_shifts_and_raising_restores_from_the_mirror<Rotated>(96);
+  using NoOutliers = kvc::CompressedKVCache<kvc::QaqQuantizer<1, 8, 0>, kvc::Rotation<kvc::Hadamard<>>>;
+  static_assert(!NoOutliers::kSplitKeys && !NoOutliers::kSplitValues);
+  lowering_shifts_and_raising_restores_from_the_mirror<NoOutliers>(64);
+  lowering_shifts_and_raising_restores_from_the_mirror<kvc::CompressedKVCache<kvc::QaqQuantizer<>, kvc::RotateKeys<kvc::Hadamard<>>>>(64);
+  lowering_shifts_and_raising_restores_from_the_mirror<kvc::CompressedKVCache<kvc::QaqQuantizer<>, kvc::RotateValues<kvc::Hadamard<>>>>(96);
 }
 
 // Keys are re-decided only when the step's key limits change (decide_keys): at long context they stay equal for

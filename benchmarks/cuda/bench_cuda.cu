@@ -137,7 +137,7 @@ void copy_row(benchmark::State& state) {
       benchmark::Counter(double(n) * double(state.iterations()), benchmark::Counter::kIsRate);
 }
 
-/// QAQ (QaqQuantizer<>, or QaqDev = DeviceQaqCache<QaqQuantizer<>, Rotation<...>>) filled like the other rows,
+/// QAQ (QaqQuantizer<>, or QaqDev = DeviceQaqCache<QaqQuantizer<1, 8, 0>, Rotation<...>>) filled like the other rows,
 /// n = 5 decode steps to fill the histories, then each side's target bisected to ~3 average bits (as kvc_bench's
 /// QAQ rows), all on the device.
 template <class QaqDev>
@@ -321,9 +321,9 @@ int main(int argc, char** argv) {
               ->MinTime(0.2);
         }
   // QAQ at ~3 average code bits per side: decode attention alone, and whole steps (attention + width update);
-  // "qaq_rot": with K and V Hadamard-rotated.
+  // "qaq_rot": with K and V Hadamard-rotated, no outliers (the device rotates QAQ without them).
   using Qaq = kvc::cuda::DeviceQaqCache<kvc::QaqQuantizer<>>;
-  using QaqRot = kvc::cuda::DeviceQaqCache<kvc::QaqQuantizer<>, kvc::Rotation<kvc::Hadamard<>>>;
+  using QaqRot = kvc::cuda::DeviceQaqCache<kvc::QaqQuantizer<1, 8, 0>, kvc::Rotation<kvc::Hadamard<>>>;
   for (int rot = 0; rot < 2; ++rot)
     for (int Tq : {4096, 32768})
       for (int Bq : {1, 16})

@@ -23,8 +23,8 @@ std::vector<SchemeEntry> schemes_d() {
       qaq_entry<QaqQuantizer<>>("qaq:2e-4:2e-3", "QAQ at sigma_S 2e-4, sigma_X 2e-3 (~5.1 bits)", {2e-4, 2e-3}),
       qaq_entry<QaqQuantizer<>>("qaq:1e-4:1e-3", "QAQ at sigma_S 1e-4, sigma_X 1e-3 (~5.9 bits)", {1e-4, 1e-3}),
       // Rotated QAQ (rotate/rotation.hpp): the per-token baseline and the adaptive scheme (qaq-rot:KS:VS by name).
-      qaq_entry<QaqQuantizer<3, 3>, Rotation<Hadamard<>>>("qaq-u3-rot", "qaq-u3 with K and V Hadamard-rotated", {1, 1}),
-      qaq_entry<QaqQuantizer<4, 4>, Rotation<Hadamard<>>>("qaq-u4-rot", "qaq-u4 with K and V Hadamard-rotated", {1, 1}),
+      qaq_entry<QaqQuantizer<3, 3>, Rotation<Hadamard<>>>("qaq-u3-rot", "qaq-u3 with K and V Hadamard-rotated (outliers taken first)", {1, 1}),
+      qaq_entry<QaqQuantizer<4, 4>, Rotation<Hadamard<>>>("qaq-u4-rot", "qaq-u4 with K and V Hadamard-rotated (outliers taken first)", {1, 1}),
   };
 }
 
@@ -32,7 +32,7 @@ std::optional<SchemeEntry> qaq_scheme(const std::string& kind, const std::string
   const std::string at = " at sigma_S " + name.substr(kind.size() + 1);
   if (kind == "qaq") return qaq_entry<QaqQuantizer<>>(name, "QAQ: widths 1..8, 1 % outliers, n = 5" + at, t);
   if (kind == "qaq-rot")
-    return qaq_entry<QaqQuantizer<>, Rotation<Hadamard<>>>(name, "QAQ with K and V Hadamard-rotated" + at, t);
+    return qaq_entry<QaqQuantizer<>, Rotation<Hadamard<>>>(name, "QAQ with K and V Hadamard-rotated (outliers taken first, the residual rotated)" + at, t);
   if (kind == "qaq-n1") return qaq_entry<QaqQuantizer<1, 8, 10, 1>>(name, "QAQ ablation: attention window n = 1" + at, t);
   if (kind == "qaq-a0") return qaq_entry<QaqQuantizer<1, 8, 0, 5>>(name, "QAQ ablation: no outliers (alpha = 0)" + at, t);
   if (kind == "qaq-a0-rot")

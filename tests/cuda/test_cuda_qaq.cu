@@ -18,8 +18,9 @@ using Q = kvc::QaqQuantizer<>;
 using HostQaq = kvc::CompressedKVCache<Q>;
 using DevQaq = kvc::cuda::DeviceQaqCache<Q>;
 using Rot = kvc::Rotation<kvc::Hadamard<>>;
-using HostRotQaq = kvc::CompressedKVCache<Q, Rot>;
-using DevRotQaq = kvc::cuda::DeviceQaqCache<Q, Rot>;
+using QNoOutliers = kvc::QaqQuantizer<1, 8, 0>;  // the device rotates QAQ without outliers (device_qaq_cache.cuh)
+using HostRotQaq = kvc::CompressedKVCache<QNoOutliers, Rot>;
+using DevRotQaq = kvc::cuda::DeviceQaqCache<QNoOutliers, Rot>;
 
 kvc::qaq::QueryNormCalibration unit_calibration(int layers, int kv_heads, int d) {
   kvc::qaq::QueryNormCalibration c(layers, kv_heads, d);
@@ -150,8 +151,9 @@ TEST_P(DeviceQaq, EveryStepMatchesTheHostCache) {
   KVC_REQUIRE_GPU();
   every_step_matches_the_host_cache<HostQaq, DevQaq>(GetParam());
 }
-// K and V Hadamard-rotated: rotated on the host at append (the host cache's tables), the query rotated in the scores
-// kernel, the output un-rotated in the final sum; the buckets still equal the host's byte for byte.
+// K and V Hadamard-rotated (QAQ without outliers, as the device rotates it): rotated on the host at append (the
+// host cache's tables), the query rotated in the scores kernel, the output un-rotated in the final sum; the buckets
+// still equal the host's byte for byte.
 TEST_P(DeviceQaq, RotatedEveryStepMatchesTheHostCache) {
   KVC_REQUIRE_GPU();
   every_step_matches_the_host_cache<HostRotQaq, DevRotQaq>(GetParam());

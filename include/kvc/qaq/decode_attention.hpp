@@ -108,11 +108,15 @@ void attend(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Wi
   const int tmax = *std::max_element(lengths.begin(), lengths.begin() + nseq);
   if (probs) probs->resize(nseq, H, tmax);
   AlignedBuffer<float> qs(std::size_t(nseq) * q.dim1 * d), result(std::size_t(nseq) * q.dim1 * d);
+  // split rotated sides (qaq_cache.hpp): the key outliers' terms take the un-rotated query (qo), the value
+  // outliers' terms are summed per stream apart (ots, [streams][d][g]) and added after the un-rotation
+  AlignedBuffer<float> qo(Cache::kSplitKeys ? qs.size() : 0), ots(Cache::kSplitValues ? qs.size() : 0);
   const std::uint32_t* tables = cache.rotation_tables(layer);  // null without a Rotation
   for (int s = 0; s < nseq; ++s)
     for (int h = 0; h < q.dim1; ++h) {
       float* row = qs.data() + (std::size_t(s) * q.dim1 + h) * d;
       for (int c = 0; c < d; ++c) row[c] = q.row(s, h)[c] * scale;
+      if constexpr (Cache::kSplitKeys) std::copy_n(row, d, qo.data() + (row - qs.data()));
       if constexpr (Cache::rotation::kKeys)  // q . k = (R q) . (R k): once per query head and step
         Cache::rotation::rotate(true, tables, h / g, d, row);
     }
@@ -155,8 +159,9 @@ void attend(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Wi
       }
       float* qscale = qsum + g;
       float* qt = qsum + 6 * g + 4 * std::size_t(d);
+      const float* qrows = (Cache::kSplitKeys ? qo.data() : qs.data()) + q0;  // the outlier terms' query
       for (int h = 0; h < g; ++h)
-        for (int c = 0; c < d; ++c) qt[std::size_t(c) * g + h] = qs[q0 + std::size_t(h) * d + c];
+        for (int c = 0; c < d; ++c) qt[std::size_t(c) * g + h] = qrows[std::size_t(h) * d + c];
       if (int16_keys) kvc::detail::round_query16(qs.data() + q0, g, d, qi.data(), qscale);
       const kvc::detail::QaqStream st{d,
                                       g,
@@ -169,7 +174,7 @@ void attend(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Wi
                                       qsum + 6 * g,
                                       qsum + 3 * g,
                                       qt,
-                                      qt + dg,
+                                      Cache::kSplitValues ? ots.data() + q0 : qt + dg,
                                       int16_keys ? qi.data() : nullptr,
                                       qscale};
       {
@@ -188,6 +193,10 @@ void attend(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Wi
       float* o = result.data() + (std::size_t(s) * q.dim1 + h) * d;
       if constexpr (Cache::rotation::kValues)  // o = R^T sum_t p_t (R v_t)
         Cache::rotation::unrotate(false, tables, h / g, d, o);
+      if constexpr (Cache::kSplitValues) {  // + sum_t p_t o_t, the outliers in the original basis ([d][g] per stream)
+        const float* ot = ots.data() + (std::size_t(s) * q.dim1 + std::size_t(h / g) * g) * d;
+        for (int c = 0; c < d; ++c) o[c] += ot[std::size_t(c) * g + std::size_t(h % g)];
+      }
       std::copy_n(o, d, out.row(s, h));
     }
 }
@@ -215,7 +224,8 @@ struct FusedStep {
 /// affine, kFast's qscale products) is at most 2^20 times the scaled query's L1 norm, so an L1 norm <= 2^96
 /// keeps every partial sum <= 2^116; the softmax of finite scores is finite (its sum lies in [1, T]). False
 /// for a non-finite query or scale. rotated: the keys' Rotation turns q into R q, whose L1 norm is at most
-/// sqrt(d) ||q||_2 (the bound used then).
+/// sqrt(d) ||q||_2 (the bound used then; it holds q's own L1 norm too, which a split side's key outlier terms
+/// take: qaq_cache.hpp).
 inline bool scores_cannot_overflow(QueryView q, int d, const AttentionOptions& opt, bool rotated = false) noexcept {
   const float fscale = query_scale(opt, d);
   if (!std::isfinite(fscale)) return false;

@@ -6,7 +6,8 @@
 /// records (qaq/record_format.hpp), each one token at width b, in any order (attention is permutation-
 /// invariant; a record names its token). Beside them, per token: its attention history (the last n
 /// probabilities as 8-bit codes, qaq::AttentionHistory) and, in a separate buffer, the full-precision
-/// mirror (the original K and V as fp16) from which raised widths are re-encoded.
+/// mirror (the original K and V as fp16; with a Rotation the rows as coded: R x, or R (x - o) when the outliers
+/// o are taken first, see `rotation` below) from which raised widths are re-encoded.
 /// Life of a token: append() quantizes it at BMax (fewer than n observations: SPEC §2.4 [code]); after
 /// every decode step, update_widths() records the step's probabilities (decode_attention hands them back)
 /// and moves every token whose width changed: lowering shifts its codes, raising re-encodes them from the mirror.
@@ -101,12 +102,26 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
 
  public:
   using quantizer = QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>;
-  /// The Rotation policy (NoRotation without one): rows are rotated before the mirror and the records, so
-  /// outliers, widths and raises all live in the rotated basis; attention rotates the query and un-rotates
-  /// the output (rotate/rotation.hpp). QAQ's bounds are rotation-invariant (||R q|| = ||q||).
+  /// The Rotation policy (NoRotation without one): attention rotates the query and un-rotates the output
+  /// (rotate/rotation.hpp); QAQ's bounds are rotation-invariant (||R q|| = ||q||). On a rotated side:
+  ///  - without outliers (OutlierPermille = 0) the row is rotated, y = R x: mirror, codes, widths and raises
+  ///    live in the rotated basis;
+  ///  - with outliers they are taken first, in the original basis (the few channels that carry a token's
+  ///    extremes), and only the residual is rotated: y = R (x - o), o = x on the outlier channels, 0 elsewhere;
+  ///    the mirror holds y, the codes are y's over all d channels, and x^ = R^T y^ + o (record format
+  ///    AddOutliers). Our choice (SpinQuant/QuaRot have no outliers; QAQ no rotation): rotating first spreads
+  ///    the outlier channels over all of them, so the 1 % kept exact holds little, every channel's range grows
+  ///    and QAQ's KL rose 2-37 % on SmolLM2 (README); taken first, the outliers keep what they hold and the
+  ///    rotation spreads what is left.
   using rotation = typename detail::find_policy<kind::rotation, NoRotation, Rot...>::type;
   static constexpr bool kRotated = rotation::kActive;
+  static constexpr bool kSplitKeys = rotation::kKeys && OutlierPermille > 0;
+  static constexpr bool kSplitValues = rotation::kValues && OutlierPermille > 0;
+  /// Sizes, lowering, raising and token ids (the same on both sides); key_record / value_record add how a
+  /// side's outliers join its reconstruction.
   using record = qaq::RecordFormat<quantizer>;
+  using key_record = qaq::RecordFormat<quantizer, kSplitKeys>;
+  using value_record = qaq::RecordFormat<quantizer, kSplitValues>;
   using history = typename quantizer::history;
   static constexpr int kWidths = BMax - BMin + 1;
   /// BMin == BMax: every token keeps one width for good (per-token uniform quantization with QAQ's codec and
@@ -180,15 +195,16 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   }
 
   /// Appends k.dim0 tokens (prefill or one decode token): mirror, then a record at BMax per side.
-  /// k, v: [tokens][kv_heads][head_dim], finite, |x| <= 65504 (with a Rotation: the rotated rows too, the
-  /// error naming the rotated channel). Validates everything first.
+  /// k, v: [tokens][kv_heads][head_dim], finite, |x| <= 65504 (with a Rotation: the rotated rows or residuals
+  /// too, the error naming the rotated channel). Validates everything first.
   void append(int layer, int seq, KVView k, KVView v) {
     check_index(layer, seq);
     int& n = lengths_[std::size_t(layer) * cfg_.batch + seq];
     if (rules::check_append_shape(cfg_, layer, seq, n, k, v) == 0) return;
-    std::vector<float> k_rot, v_rot;  // Rotation: the rows as stored (R k, R v)
-    k = rules::rotated_input(k, true, rotation_tables(layer), k_rot);
-    v = rules::rotated_input(v, false, rotation_tables(layer), v_rot);
+    std::vector<float> k_rot, v_rot;  // Rotation: the rows as stored (R k or R (k - o); R v or R (v - o))
+    Outliers k_out, v_out;            // split sides: the outliers taken before the rotation
+    k = stored_rows<kSplitKeys>(k, true, layer, k_rot, k_out);
+    v = stored_rows<kSplitValues>(v, false, layer, v_rot, v_out);
     const int d = cfg_.head_dim;
     for (int h = 0; h < cfg_.kv_heads; ++h) {
       const std::size_t s = stream(layer, seq, h);
@@ -198,7 +214,10 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
           const float* src = (side == 0 ? k : v).row(t, h);
           auto& mirror = side == 0 ? mirror_k_[s] : mirror_v_[s];
           for (int c = 0; c < d; ++c) mirror.push_back(half_t::from_float(src[c]));
-          put(side == 0 ? keys_[s] : values_[s], mirror.data() + std::size_t(id) * d, BMax, id);
+          const bool split = side == 0 ? kSplitKeys : kSplitValues;
+          if (split) put_residual(side == 0 ? keys_[s] : values_[s], mirror.data() + std::size_t(id) * d,
+                                  (side == 0 ? k_out : v_out).row(t * cfg_.kv_heads + h), id);
+          else put(side == 0 ? keys_[s] : values_[s], mirror.data() + std::size_t(id) * d, BMax, id);
         }
         if constexpr (kAdaptive) {
           history h0;
@@ -277,8 +296,11 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
         float* out = side == 0 ? k : v;
         for_each_record(sd, [&](const std::byte* r, int b, std::uint32_t t) {
           float* row = out + (std::size_t(t) * H + h) * d;
-          record::decode(r, d, b, row);
-          if constexpr (kRotated) rotation::unrotate(side == 0, tables, h, d, row);
+          const bool split = side == 0 ? kSplitKeys : kSplitValues;
+          if (split) qaq::RecordFormat<quantizer, true>::decode(r, d, b, row);  // the codes' part: R^T y^ + o
+          else record::decode(r, d, b, row);
+          if constexpr (kRotated) rotation::unrotate(side == 0, tables, h, d, row);  // NoTransform: nothing
+          if (split) record::add_outliers(r, d, b, row);
         });
       }
     }
@@ -372,6 +394,55 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     const std::size_t at = bk.size();
     bk.resize(at + record::bytes(cfg_.head_dim, b, id_bytes_));
     record::write_row(bk.data() + at, cfg_.head_dim, b, id_bytes_, row, id);
+  }
+  /// The outliers a split side takes from each input row before its rotation, [rows][outliers(d)].
+  struct Outliers {
+    struct Row {
+      const half_t* val;
+      const std::uint8_t* idx;
+    };
+    std::vector<half_t> val;
+    std::vector<std::uint8_t> idx;
+    int n = 0;
+    [[nodiscard]] Row row(int i) const { return {val.data() + std::size_t(i) * n, idx.data() + std::size_t(i) * n}; }
+  };
+  /// A split side's put: the mirror row is the rotated residual, the outliers were taken before the rotation.
+  void put_residual(Side& sd, const half_t* row, const typename Outliers::Row& o, std::uint32_t id) {
+    std::vector<std::byte>& bk = sd.bucket[std::size_t(BMax - BMin)];
+    const std::size_t at = bk.size();
+    bk.resize(at + record::bytes(cfg_.head_dim, BMax, id_bytes_));
+    record::write_residual(bk.data() + at, cfg_.head_dim, BMax, id_bytes_, row, o.val, o.idx, id);
+  }
+  /// The rows one side stores (rules::rotated_input), or for a split side its rotated residuals with the outliers
+  /// in `out`: finite and |x| <= 65504 checked on the input, the residuals' range checked after the rotation
+  /// (naming the rotated channel). Throws before anything changes.
+  template <bool Split>
+  KVView stored_rows(KVView x, bool keys, int layer, std::vector<float>& buf, Outliers& out) const {
+    if constexpr (!Split) {
+      return rules::rotated_input(x, keys, rotation_tables(layer), buf);
+    } else {
+      const char* what = keys ? "key" : "value";
+      rules::check_values(x, what);
+      const int d = x.dim2, no = quantizer::outliers(d);
+      const std::size_t rows = std::size_t(x.dim0) * x.dim1;
+      buf.resize(x.size());
+      out.n = no;
+      out.val.resize(rows * std::size_t(no));
+      out.idx.resize(rows * std::size_t(no));
+      for (int t = 0; t < x.dim0; ++t)
+        for (int h = 0; h < x.dim1; ++h) {
+          const std::size_t i = std::size_t(t) * x.dim1 + h;
+          float* y = buf.data() + i * d;
+          std::copy_n(x.row(t, h), d, y);
+          std::uint32_t taken[quantizer::kMaxHeadDim / 32] = {};
+          quantizer::select_outliers(y, d, out.idx.data() + i * no, out.val.data() + i * no, taken);
+          for (int j = 0; j < no; ++j) y[out.idx[i * no + std::size_t(j)]] = 0.0f;
+          rotation::rotate(keys, rotation_tables(layer), h, d, y);
+          for (int c = 0; c < d; ++c)
+            if (!(std::fabs(y[c]) <= rules::input_limit())) rules::rotated_out_of_range(what, t, h, c, y[c]);
+        }
+      return KVView::contiguous(buf.data(), x.dim0, x.dim1, d);
+    }
   }
   /// The width rule of KV head `head` of `layer` at length T under the current targets.
   [[nodiscard]] qaq::StepWidths<Bounds> step_rule(int layer, int head, int T) const {

@@ -64,6 +64,15 @@ struct QaqQuantizer {
   KVC_HOST_DEVICE static QuantMeta quantize(const float* x, int d, std::uint8_t* codes, std::uint8_t* out_idx,
                                             half_t* out_val) noexcept {
     std::uint32_t taken[kMaxHeadDim / 32] = {};
+    select_outliers(x, d, out_idx, out_val, taken);
+    return quantize_group_masked<codec>(
+        1, d, BMax, [&](int, int c) { return x[c]; }, [&](int, int c, std::uint8_t q) { codes[c] = q; },
+        [&](int, int c) { return !((taken[c >> 5] >> (c & 31)) & 1u); });
+  }
+  /// The outliers of x[0, d) alone (as quantize picks them), their channels also set in the bit mask
+  /// taken[kMaxHeadDim / 32] (zeroed by the caller).
+  KVC_HOST_DEVICE static void select_outliers(const float* x, int d, std::uint8_t* out_idx, half_t* out_val,
+                                              std::uint32_t* taken) noexcept {
     auto is_taken = [&](int c) { return (taken[c >> 5] >> (c & 31)) & 1u; };
     const int k = outliers_per_end(d);
     for (int j = 0; j < 2 * k; ++j) {
@@ -82,9 +91,12 @@ struct QaqQuantizer {
       out_idx[j] = static_cast<std::uint8_t>(best);
       out_val[j] = half_t::from_float(bv);
     }
-    return quantize_group_masked<codec>(
-        1, d, BMax, [&](int, int c) { return x[c]; }, [&](int, int c, std::uint8_t q) { codes[c] = q; },
-        [&](int, int c) { return !is_taken(c); });
+  }
+  /// The codec over all d values, no outliers (a rotated residual whose outliers were taken before the
+  /// rotation: qaq_cache.hpp). Returns (lo, step_max).
+  KVC_HOST_DEVICE static QuantMeta quantize_all(const float* x, int d, std::uint8_t* codes) noexcept {
+    return quantize_group<codec>(1, d, BMax, [&](int, int c) { return x[c]; },
+                                 [&](int, int c, std::uint8_t q) { codes[c] = q; });
   }
 
   /// Step at width b (exact: a power-of-two scaling of an fp16 value).

@@ -47,9 +47,17 @@ void with_width(int b, F&& f) {
   }
 }
 
-template <class Q>
+/// AddOutliers: how the outliers join the codes' reconstruction x^_c = Q::decode(code_c). false: they replace
+/// their channels (x_c stored, the kernels add x_c - x^_c). true (the rotated sides of a QAQ cache with outliers,
+/// qaq_cache.hpp): the codes are of the rotated residual y = R (x - o), o the outliers in the original basis, and
+/// the reconstruction is R^T y^ + o: the kernels add x_c itself, in the original basis (the output after its
+/// un-rotation, the score with the un-rotated query). Same bytes either way.
+template <class Q, bool AddOutliers = false>
 struct RecordFormat {
   using quantizer = Q;
+  static constexpr bool kAddOutliers = AddOutliers;
+  /// What an outlier x_c adds to the reconstruction of its channel, whose code decodes to x^_c.
+  KVC_HOST_DEVICE static float outlier_term(float x, float decoded) noexcept { return AddOutliers ? x : x - decoded; }
   /// Token id bytes of an adaptive cache of `capacity` tokens: 2 up to 65,536 tokens, else 4.
   KVC_HOST_DEVICE static constexpr int id_bytes_for(int capacity) noexcept { return capacity <= 65536 ? 2 : 4; }
   KVC_HOST_DEVICE static constexpr std::size_t code_bytes(int d, int b) noexcept { return std::size_t(d) * b / 8; }
@@ -238,13 +246,33 @@ struct RecordFormat {
     return v;
 #endif
   }
-  /// The token's reconstruction x[0, d) (Q::decode per channel, then the exact outliers).
+  /// The token's reconstruction x[0, d) (Q::decode per channel, then the exact outliers). AddOutliers: the
+  /// codes' part only, in the rotated basis (un-rotate it, then add_outliers).
   KVC_HOST_DEVICE static void decode(const std::byte* r, int d, int b, float* x) noexcept {
     const QuantMeta m = meta(r);
     for (int c = 0; c < d; ++c) x[c] = Q::decode(m, b, static_cast<std::uint8_t>(code_at(r, c, b)));
+    if constexpr (!AddOutliers) {
+      const half_t* ov = outlier_values(r, d, b);
+      const std::uint8_t* oi = outlier_channels(r, d, b);
+      for (int j = 0; j < Q::outliers(d); ++j) x[oi[j]] = ov[j].to_float();
+    }
+  }
+  /// AddOutliers: x[c] += x_c for every outlier of the record (x: the un-rotated codes' part).
+  KVC_HOST_DEVICE static void add_outliers(const std::byte* r, int d, int b, float* x) noexcept {
     const half_t* ov = outlier_values(r, d, b);
     const std::uint8_t* oi = outlier_channels(r, d, b);
-    for (int j = 0; j < Q::outliers(d); ++j) x[oi[j]] = ov[j].to_float();
+    for (int j = 0; j < Q::outliers(d); ++j) x[oi[j]] += ov[j].to_float();
+  }
+  /// AddOutliers: writes a record at width b from the fp16 rotated residual `row` (a mirror row: codes over all
+  /// d channels) and the outliers taken before the rotation; a raise re-encodes the same row (raise()).
+  KVC_HOST_DEVICE static void write_residual(std::byte* r, int d, int b, int id_bytes, const half_t* row,
+                                             const half_t* out_val, const std::uint8_t* out_idx,
+                                             std::uint32_t token_id) noexcept {
+    float x[Q::kMaxHeadDim] = {};
+    std::uint8_t codes8[Q::kMaxHeadDim];
+    for (int c = 0; c < d; ++c) x[c] = row[c].to_float();
+    const QuantMeta m = Q::quantize_all(x, d, codes8);
+    write(r, d, b, id_bytes, m, codes8, Q::kMaxBits, out_val, out_idx, token_id);
   }
 };
 }  // namespace kvc::qaq

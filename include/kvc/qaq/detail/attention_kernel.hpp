@@ -10,13 +10,15 @@
 /// (g % 4 == 0), straight into the FMAs' registers once per 4 heads (bucket_values); with Precision::kFast and
 /// g % 4 == 0 (AVX2, AVX-512) into 16-bit lanes once per 4 heads for int16 products (bucket_values16).
 ///   scores:  s_t = zero_t sum_c q_c + scale_t (q . code_t) + sum_outliers q_c (x_c - x^_c)   (log2 domain;
+///            a split rotated side (RecordFormat AddOutliers): + q'_c x_c with q' the un-rotated query, st.qt;
 ///            Precision::kFast on AVX2/AVX-512: q . code_t = qscale (qi . code_t) in exact int32, qi the
 ///            query rounded to int16 per head)
 ///   softmax: per query head over the token-major [T][g] scores, vectorised exp2; after the value pass, the
 ///            group's largest probability per token (SPEC Q6) in one forward pass over them (token_max)
 ///   values:  o += (p_t scale_t) code_t, plus p_t zero_t summed apart and added to every channel at the end,
-///            plus p_t (x_c - x^_c) per outlier (kFast, g % 4 == 0: p_t scale_t rounded to int16 per block of
-///            16 records, the products in exact int32 sums)
+///            plus p_t (x_c - x^_c) per outlier (split: p_t x_c in st.ot, added after the un-rotation)
+///            (kFast, g % 4 == 0: p_t scale_t rounded to int16 per block of 16 records, the products in exact
+///            int32 sums)
 /// Per-record epilogues on the SIMD paths, 4 query heads a vector (g % 4 == 0): the scores' affine and outlier
 /// terms (the outlier channel's q for 4 heads is one load of the transposed query st.qt) and the values' outlier
 /// terms (accumulated channel-major in st.ot, from the token's 4 probabilities: one load of its st.s line).
@@ -283,7 +285,7 @@ struct Prepared {
     idx = R::outlier_channels(r, d, W);
     for (int j = 0; j < nout; ++j) {
       const float code = codes ? codes[idx[j]] : float(R::code_at(r, idx[j], W));
-      corr[j] = to_float(ov[j]) - mul_add_rounded(a.scale, code, a.zero);
+      corr[j] = R::outlier_term(to_float(ov[j]), mul_add_rounded(a.scale, code, a.zero));
     }
   }
 };
@@ -318,9 +320,8 @@ void bucket_scores(const std::byte* bk, std::size_t n, std::size_t rb, Token&& t
       const int nh = std::min(4, g - h0);
       with_count(nh, [&]<int NH>() { dot_heads<NH>(st.q + std::size_t(h0) * d, d, st.codes, dots); });
       for (int h = h0; h < h0 + nh; ++h) {
-        const float* qh = st.q + std::size_t(h) * d;
         float score = k.a.zero * st.qsum[h] + k.a.scale * dots[h - h0];
-        for (int j = 0; j < nout; ++j) score += qh[k.idx[j]] * k.corr[j];
+        for (int j = 0; j < nout; ++j) score += st.qt[std::size_t(k.idx[j]) * g + std::size_t(h)] * k.corr[j];
         st.s[t * std::size_t(g) + std::size_t(h)] = score;
       }
     }
@@ -351,7 +352,7 @@ void bucket_scores16(const std::byte* bk, std::size_t n, std::size_t rb, Token&&
     for (int j = 0; j < nout; ++j) {
       std::uint16_t code;  // 16-bit lane c of the unpacked codes is channel c
       std::memcpy(&code, reinterpret_cast<const char*>(codes) + 2 * std::size_t(idx[j]), 2);
-      corr[j] = to_float(ov[j]) - mul_add_rounded(a.scale, float(code), a.zero);
+      corr[j] = R::outlier_term(to_float(ov[j]), mul_add_rounded(a.scale, float(code), a.zero));
     }
     const std::size_t t = token(r, i);
     for (int h0 = 0; h0 < g; h0 += 4) {
@@ -368,9 +369,8 @@ void bucket_scores16(const std::byte* bk, std::size_t n, std::size_t rb, Token&&
         continue;
       }
       for (int h = h0; h < h0 + nh; ++h) {
-        const float* qh = st.q + std::size_t(h) * d;
         float score = a.zero * st.qsum[h] + a.scale * st.qscale[h] * dots[h - h0];
-        for (int j = 0; j < nout; ++j) score += qh[idx[j]] * corr[j];
+        for (int j = 0; j < nout; ++j) score += st.qt[std::size_t(idx[j]) * g + std::size_t(h)] * corr[j];
         st.s[t * std::size_t(g) + std::size_t(h)] = score;
       }
     }
@@ -462,7 +462,12 @@ void bucket_values(const std::byte* bk, std::size_t n, std::size_t rb, Token&& t
       });
       if (vec4) continue;
       for (int k = 0; k < nr; ++k)
-        for (int j = 0; j < nout; ++j) oh[v[k].idx[j]] += w[0][k] * v[k].corr[j];
+        for (int j = 0; j < nout; ++j) {
+          if constexpr (R::kAddOutliers)  // in the original basis: added after the un-rotation
+            st.ot[std::size_t(v[k].idx[j]) * g + std::size_t(h)] += w[0][k] * v[k].corr[j];
+          else
+            oh[v[k].idx[j]] += w[0][k] * v[k].corr[j];
+        }
     }
 #if KVC_ISA_LEVEL_ >= 1
     if (g % 4 == 0)
@@ -652,6 +657,8 @@ template <class Cache>
 bool run_stream(const Cache& cache, const typename Cache::Side& ks, const typename Cache::Side& vs, const Stream& st,
                 float* pr) noexcept {
   using R = typename Cache::record;
+  using RK = typename Cache::key_record;    // how each side's outliers join: R plus outlier_term
+  using RV = typename Cache::value_record;
   using Q = typename Cache::quantizer;
   const int d = st.d, ids = cache.id_bytes();
   // Calls pass.template operator()<W>(records, count, record bytes, token) for every width-W bucket of `side`.
@@ -671,9 +678,9 @@ bool run_stream(const Cache& cache, const typename Cache::Side& ks, const typena
   };
   each_bucket(ks, [&]<int W>(const std::byte* bk, std::size_t n, std::size_t rb, auto&& token) {
 #if KVC_ISA_LEVEL_ >= 1
-    if (st.qi) return bucket_scores16<R, W>(bk, n, rb, token, st);
+    if (st.qi) return bucket_scores16<RK, W>(bk, n, rb, token, st);
 #endif
-    bucket_scores<R, W>(bk, n, rb, token, st);
+    bucket_scores<RK, W>(bk, n, rb, token, st);
   });
   const bool ok = softmax(st);
   std::fill_n(st.o, std::size_t(st.g) * d, 0.0f);
@@ -681,13 +688,14 @@ bool run_stream(const Cache& cache, const typename Cache::Side& ks, const typena
   std::fill_n(st.zsum, st.g, 0.0f);
   each_bucket(vs, [&]<int W>(const std::byte* bk, std::size_t n, std::size_t rb, auto&& token) {
 #if KVC_ISA_LEVEL_ >= 1
-    if (st.qi && st.g % 4 == 0) return bucket_values16<R, W>(bk, n, rb, token, st);  // kFast
+    if (st.qi && st.g % 4 == 0) return bucket_values16<RV, W>(bk, n, rb, token, st);  // kFast
 #endif
-    bucket_values<R, W>(bk, n, rb, token, st);
+    bucket_values<RV, W>(bk, n, rb, token, st);
   });
   if (pr) token_max(st, pr);
-  for (int h = 0; h < st.g; ++h)
-    for (int c = 0; c < d; ++c) st.o[std::size_t(h) * d + c] += st.zsum[h] + st.ot[std::size_t(c) * st.g + h];
+  for (int h = 0; h < st.g; ++h)  // RV::kAddOutliers: st.ot is added after the un-rotation (decode_attention.hpp)
+    for (int c = 0; c < d; ++c)
+      st.o[std::size_t(h) * d + c] += st.zsum[h] + (RV::kAddOutliers ? 0.0f : st.ot[std::size_t(c) * st.g + h]);
   return ok;
 }
 }  // namespace kvc::detail::KVC_ISA_NS::qaq_kernel

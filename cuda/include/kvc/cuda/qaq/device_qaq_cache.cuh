@@ -66,8 +66,9 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, 
   using record = qaq::RecordFormat<quantizer>;
   using arena = qaq::Arena<quantizer>;
   using history = typename quantizer::history;
-  /// The Rotation (NoRotation without one): rows rotated on append (the host's tables, same seed), the query
-  /// rotated in the scores kernel and the output un-rotated in the final sum (qaq/detail/kernels.cuh).
+  /// The Rotation (NoRotation without one; with one, no outliers: see the static_assert below): rows rotated on
+  /// append (the host's tables, same seed), the query rotated in the scores kernel and the output un-rotated in
+  /// the final sum (qaq/detail/kernels.cuh).
   using rotation = typename kvc::detail::find_policy<kind::rotation, NoRotation, Rot...>::type;
   static constexpr bool kRotated = rotation::kActive;
   using params_type = qaq_detail::Params<quantizer>;
@@ -76,6 +77,11 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, 
   static constexpr bool kAdaptive = BMin < BMax;
   static_assert(kAdaptive, "kvc::cuda::DeviceQaqCache serves adaptive QAQ (BMin < BMax); per-token uniform QAQ "
                            "(BMin == BMax) is a host baseline: use a uniform or KIVI quantizer on the device");
+  static_assert(!(kRotated && OutlierPermille > 0),
+                "kvc::cuda::DeviceQaqCache rotates QAQ without outliers only: with outliers the host cache takes them "
+                "before the rotation and rotates the residual (qaq_cache.hpp), which the device kernels do not do yet; "
+                "use QaqQuantizer<BMin, BMax, 0> with the Rotation (the rotation spreads the outlier channels) or no "
+                "Rotation");
 
   /// cfg, targets and calibration as the host cache (same checks and messages).
   DeviceQaqCache(const CacheConfig& cfg, qaq::Targets targets, qaq::QueryNormCalibration calibration,
