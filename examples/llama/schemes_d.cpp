@@ -32,7 +32,12 @@ std::optional<SchemeEntry> qaq_scheme(const std::string& kind, const std::string
   const std::string at = " at sigma_S " + name.substr(kind.size() + 1);
   if (kind == "qaq") return qaq_entry<QaqQuantizer<>>(name, "QAQ: widths 1..8, 1 % outliers, n = 5" + at, t);
   if (kind == "qaq-rot")
-    return qaq_entry<QaqQuantizer<>, Rotation<Hadamard<>>>(name, "QAQ with K and V Hadamard-rotated (outliers taken first, the residual rotated)" + at, t);
+    return qaq_entry<QaqQuantizer<>, Rotation<Hadamard<>>>(
+        name, "QAQ with K and V Hadamard-rotated (outliers taken first, the residual rotated)" + at, t);
+  if (kind == "qaq-rotk")  // one side rotated: which side the rotation helps or hurts
+    return qaq_entry<QaqQuantizer<>, RotateKeys<Hadamard<>>>(name, "QAQ with K Hadamard-rotated (outliers taken first)" + at, t);
+  if (kind == "qaq-rotv")
+    return qaq_entry<QaqQuantizer<>, RotateValues<Hadamard<>>>(name, "QAQ with V Hadamard-rotated (outliers taken first)" + at, t);
   if (kind == "qaq-n1") return qaq_entry<QaqQuantizer<1, 8, 10, 1>>(name, "QAQ ablation: attention window n = 1" + at, t);
   if (kind == "qaq-a0") return qaq_entry<QaqQuantizer<1, 8, 0, 5>>(name, "QAQ ablation: no outliers (alpha = 0)" + at, t);
   if (kind == "qaq-a0-rot")
