@@ -959,10 +959,15 @@ void expect_records_are_the_original_at_their_width(const Cache& c, int seq, con
           std::vector<kvc::half_t> val(static_cast<std::size_t>(no));
           std::uint32_t taken[Q::kMaxHeadDim / 32] = {};
           Q::select_outliers(orig.data(), d, idx.data(), val.data(), taken);
+          std::vector<float> sorted = orig;  // the outliers are x's k smallest and k largest values, as fp16
+          std::sort(sorted.begin(), sorted.end());
+          for (int j = 0; j < no; ++j) {
+            const float want = j < no / 2 ? sorted[std::size_t(j)] : sorted[n - 1 - std::size_t(j - no / 2)];
+            ASSERT_EQ(val[std::size_t(j)].bits, kvc::half_t::from_float(want).bits) << "outlier " << j;
+          }
           for (int j = 0; j < no; ++j) {
             ASSERT_EQ(Cache::record::outlier_channels(r, d, b)[j], idx[std::size_t(j)]);
             ASSERT_EQ(Cache::record::outlier_values(r, d, b)[j].bits, val[std::size_t(j)].bits);
-            ASSERT_EQ(val[std::size_t(j)].bits, kvc::half_t::from_float(orig[idx[std::size_t(j)]]).bits);  // as fp16
             orig[idx[std::size_t(j)]] = 0.0f;
           }
           Cache::rotation::rotate(side == 0, c.rotation_tables(0), h, d, orig.data());
@@ -1036,6 +1041,49 @@ TEST(QaqCache, RotatedLoweringShiftsAndRaisingRestoresFromTheRotatedMirror) {
   lowering_shifts_and_raising_restores_from_the_mirror<NoOutliers>(64);
   lowering_shifts_and_raising_restores_from_the_mirror<kvc::CompressedKVCache<kvc::QaqQuantizer<>, kvc::RotateKeys<kvc::Hadamard<>>>>(64);
   lowering_shifts_and_raising_restores_from_the_mirror<kvc::CompressedKVCache<kvc::QaqQuantizer<>, kvc::RotateValues<kvc::Hadamard<>>>>(96);
+}
+
+// A rotated cache with outliers reconstructs x^ = R^T y^ + o in the original basis: with a few channels 60x larger
+// than the rest (the outliers of every token), ||x^ - x|| <= sqrt(d) step / 2 (the residual's codes; R is
+// orthonormal) + 2^-10 ||x|| (fp16 roundings of the residual and of the outliers), per token, head and side, at
+// B_max; and the step is set by the residual, not by the large channels.
+TEST(QaqCache, RotatedWithOutliersReconstructsTheInputInTheOriginalBasis) {
+  using Rotated = kvc::CompressedKVCache<kvc::QaqQuantizer<>, kvc::Rotation<kvc::Hadamard<>>>;
+  using R = Rotated::record;
+  for (int d : {64, 96}) {
+    const int H = 2, T = 40;
+    kvc_test::KV x = kvc_test::random_kv(T, H, d, 77);
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < H; ++h) {
+        x.k[x.at(t, h, 3)] = 60.0f * std::fabs(x.k[x.at(t, h, 3)]) + 60.0f;  // one large channel per side and token
+        x.v[x.at(t, h, d - 5)] = -60.0f * std::fabs(x.v[x.at(t, h, d - 5)]) - 60.0f;
+      }
+    Rotated c({1, 1, H, d, 64}, {1e-2, 1e-2}, unit_calibration(1, H, d));
+    c.append(0, 0, x.kview(0, T), x.vview(0, T));
+    const auto got = kvc_test::dequantize(c, 0, 0);
+    double worst = 0.0;  // the largest error relative to its bound
+    for (int h = 0; h < H; ++h)
+      for (int side = 0; side < 2; ++side)
+        c.for_each_record(side == 0 ? c.keys(0, 0, h) : c.values(0, 0, h), [&](const std::byte* r, int b, std::uint32_t t) {
+          ASSERT_EQ(b, 8);
+          const std::vector<float>& in = side == 0 ? x.k : x.v;
+          const std::vector<float>& out = side == 0 ? got.k : got.v;
+          double err2 = 0.0, norm2 = 0.0, big = 0.0;
+          for (int i = 0; i < d; ++i) {
+            const double e = double(out[x.at(int(t), h, i)]) - in[x.at(int(t), h, i)];
+            err2 += e * e;
+            norm2 += double(in[x.at(int(t), h, i)]) * in[x.at(int(t), h, i)];
+            big = std::max(big, std::fabs(double(in[x.at(int(t), h, i)])));
+          }
+          const double step = R::meta(r).step.to_float();
+          const double bound = std::sqrt(double(d)) * step / 2.0 + std::ldexp(std::sqrt(norm2), -10);
+          EXPECT_LE(std::sqrt(err2), bound) << "d " << d << " side " << side << " head " << h << " token " << t;
+          worst = std::max(worst, std::sqrt(err2) / bound);
+          // the residual's range, not the large channel's: step well under what the whole row would need
+          EXPECT_LT(step * 256.0, 0.5 * big) << "d " << d << " side " << side << " token " << t;
+        });
+    EXPECT_GT(worst, 0.01);  // the bound is not vacuous
+  }
 }
 
 // Keys are re-decided only when the step's key limits change (decide_keys): at long context they stay equal for
