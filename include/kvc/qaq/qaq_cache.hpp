@@ -215,9 +215,8 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
           auto& mirror = side == 0 ? mirror_k_[s] : mirror_v_[s];
           for (int c = 0; c < d; ++c) mirror.push_back(half_t::from_float(src[c]));
           const bool split = side == 0 ? kSplitKeys : kSplitValues;
-          if (split) put_residual(side == 0 ? keys_[s] : values_[s], mirror.data() + std::size_t(id) * d,
-                                  (side == 0 ? k_out : v_out).row(t * cfg_.kv_heads + h), id);
-          else put(side == 0 ? keys_[s] : values_[s], mirror.data() + std::size_t(id) * d, BMax, id);
+          const typename Outliers::Row o = (side == 0 ? k_out : v_out).row(t * cfg_.kv_heads + h);
+          put(side == 0 ? keys_[s] : values_[s], mirror.data() + std::size_t(id) * d, id, split ? &o : nullptr);
         }
         if constexpr (kAdaptive) {
           history h0;
@@ -296,11 +295,10 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
         float* out = side == 0 ? k : v;
         for_each_record(sd, [&](const std::byte* r, int b, std::uint32_t t) {
           float* row = out + (std::size_t(t) * H + h) * d;
-          const bool split = side == 0 ? kSplitKeys : kSplitValues;
-          if (split) qaq::RecordFormat<quantizer, true>::decode(r, d, b, row);  // the codes' part: R^T y^ + o
-          else record::decode(r, d, b, row);
+          // a split side: the codes' part, un-rotated, then the outliers added (R^T y^ + o)
+          (side == 0 ? &key_record::decode : &value_record::decode)(r, d, b, row);
           if constexpr (kRotated) rotation::unrotate(side == 0, tables, h, d, row);  // NoTransform: nothing
-          if (split) record::add_outliers(r, d, b, row);
+          if (side == 0 ? kSplitKeys : kSplitValues) record::add_outliers(r, d, b, row);
         });
       }
     }
@@ -388,13 +386,6 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   using rules = detail::CacheRules<layout>;
   void check_index(int layer, int seq) const { rules::check_index(cfg_, layer, seq); }
   [[nodiscard]] std::size_t rotation_words() const noexcept { return layout::rotation_words(cfg_.kv_heads, cfg_.head_dim); }
-  /// Quantizes a mirror row and appends its record at width b.
-  void put(Side& sd, const half_t* row, int b, std::uint32_t id) {
-    std::vector<std::byte>& bk = sd.bucket[std::size_t(b - BMin)];
-    const std::size_t at = bk.size();
-    bk.resize(at + record::bytes(cfg_.head_dim, b, id_bytes_));
-    record::write_row(bk.data() + at, cfg_.head_dim, b, id_bytes_, row, id);
-  }
   /// The outliers a split side takes from each input row before its rotation, [rows][outliers(d)].
   struct Outliers {
     struct Row {
@@ -406,12 +397,14 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     int n = 0;
     [[nodiscard]] Row row(int i) const { return {val.data() + std::size_t(i) * n, idx.data() + std::size_t(i) * n}; }
   };
-  /// A split side's put: the mirror row is the rotated residual, the outliers were taken before the rotation.
-  void put_residual(Side& sd, const half_t* row, const typename Outliers::Row& o, std::uint32_t id) {
+  /// Quantizes a mirror row and appends its record at BMax; a split side (o: the row's outliers, taken before the
+  /// rotation) codes the row, its rotated residual, over all channels.
+  void put(Side& sd, const half_t* row, std::uint32_t id, const typename Outliers::Row* o) {
     std::vector<std::byte>& bk = sd.bucket[std::size_t(BMax - BMin)];
     const std::size_t at = bk.size();
     bk.resize(at + record::bytes(cfg_.head_dim, BMax, id_bytes_));
-    record::write_residual(bk.data() + at, cfg_.head_dim, BMax, id_bytes_, row, o.val, o.idx, id);
+    if (o) record::write_residual(bk.data() + at, cfg_.head_dim, BMax, id_bytes_, row, o->val, o->idx, id);
+    else record::write_row(bk.data() + at, cfg_.head_dim, BMax, id_bytes_, row, id);
   }
   /// The rows one side stores (rules::rotated_input), or for a split side its rotated residuals with the outliers
   /// in `out`: finite and |x| <= 65504 checked on the input, the residuals' range checked after the rotation
