@@ -1326,6 +1326,11 @@ TEST(QaqCache, RotatedBadInputIsRejectedAndLeavesTheCacheUnchanged) {
   EXPECT_EQ(error_of([&] { c.append(0, 0, bad.kview(0, 2), bad.vview(0, 2)); }, &what), kvc::Errc::kNonFinite);
   EXPECT_NE(what.find("key token 0 head 1 channel 7"), std::string::npos) << what;
   unchanged();
+  bad = x.prefix(2);
+  bad.k[std::size_t(x.at(1, 0, 9))] = 1e6f;  // an outlier, taken before the rotation and kept in fp16: out of range
+  EXPECT_EQ(error_of([&] { c.append(0, 0, bad.kview(0, 2), bad.vview(0, 2)); }, &what), kvc::Errc::kOutOfRange);
+  EXPECT_NE(what.find("key token 1 head 0 channel 9 = "), std::string::npos) << what;
+  unchanged();
   // the tables are part of the compressed cache: every decode step reads them
   Rotated e({1, 1, H, d, 16}, {1e-2, 1e-2}, unit_calibration(1, H, d));
   kvc::CompressedKVCache<kvc::QaqQuantizer<>> plain({1, 1, H, d, 16}, {1e-2, 1e-2}, unit_calibration(1, H, d));

@@ -18,9 +18,14 @@ using Q = kvc::QaqQuantizer<>;
 using HostQaq = kvc::CompressedKVCache<Q>;
 using DevQaq = kvc::cuda::DeviceQaqCache<Q>;
 using Rot = kvc::Rotation<kvc::Hadamard<>>;
-using QNoOutliers = kvc::QaqQuantizer<1, 8, 0>;  // the device rotates QAQ without outliers (device_qaq_cache.cuh)
-using HostRotQaq = kvc::CompressedKVCache<QNoOutliers, Rot>;
-using DevRotQaq = kvc::cuda::DeviceQaqCache<QNoOutliers, Rot>;
+// with outliers a rotated side is split: they are taken before the rotation and the residual is rotated
+using HostRotQaq = kvc::CompressedKVCache<Q, Rot>;
+using DevRotQaq = kvc::cuda::DeviceQaqCache<Q, Rot>;
+using QNoOutliers = kvc::QaqQuantizer<1, 8, 0>;  // without, the whole row is rotated
+using HostRotQaqA0 = kvc::CompressedKVCache<QNoOutliers, Rot>;
+using DevRotQaqA0 = kvc::cuda::DeviceQaqCache<QNoOutliers, Rot>;
+using KeysRot = kvc::RotateKeys<kvc::Hadamard<>>;  // one side split, the other plain
+using ValuesRot = kvc::RotateValues<kvc::Hadamard<>>;
 
 kvc::qaq::QueryNormCalibration unit_calibration(int layers, int kv_heads, int d) {
   kvc::qaq::QueryNormCalibration c(layers, kv_heads, d);
@@ -151,12 +156,22 @@ TEST_P(DeviceQaq, EveryStepMatchesTheHostCache) {
   KVC_REQUIRE_GPU();
   every_step_matches_the_host_cache<HostQaq, DevQaq>(GetParam());
 }
-// K and V Hadamard-rotated (QAQ without outliers, as the device rotates it): rotated on the host at append (the
-// host cache's tables), the query rotated in the scores kernel, the output un-rotated in the final sum; the buckets
-// still equal the host's byte for byte.
+// K and V Hadamard-rotated: rotated on the host at append (the host cache's tables; with QAQ's outliers taken
+// before the rotation, the residual rotated), the query rotated in the scores kernel, the output un-rotated in the
+// final sum, the outliers' terms added in the original basis; the buckets still equal the host's byte for byte.
 TEST_P(DeviceQaq, RotatedEveryStepMatchesTheHostCache) {
   KVC_REQUIRE_GPU();
   every_step_matches_the_host_cache<HostRotQaq, DevRotQaq>(GetParam());
+}
+TEST_P(DeviceQaq, RotatedWithoutOutliersEveryStepMatchesTheHostCache) {
+  KVC_REQUIRE_GPU();
+  every_step_matches_the_host_cache<HostRotQaqA0, DevRotQaqA0>(GetParam());
+}
+TEST_P(DeviceQaq, OneSideRotatedEveryStepMatchesTheHostCache) {
+  KVC_REQUIRE_GPU();
+  every_step_matches_the_host_cache<kvc::CompressedKVCache<Q, KeysRot>, kvc::cuda::DeviceQaqCache<Q, KeysRot>>(GetParam());
+  every_step_matches_the_host_cache<kvc::CompressedKVCache<Q, ValuesRot>, kvc::cuda::DeviceQaqCache<Q, ValuesRot>>(
+      GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, DeviceQaq,

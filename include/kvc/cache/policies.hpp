@@ -157,6 +157,11 @@ struct cache_checks {
   static constexpr bool kOk = true;
 };
 
+/// CacheRules::rotated_input's default hook: rows are rotated as given.
+struct NoPreRotation {
+  void operator()(int, int, float*) const noexcept {}
+};
+
 /// The runtime rules of a cache of layout L, shared by the host and device containers (host code):
 /// config validation, the input range, and the checks an append makes before it writes anything.
 template <class L>
@@ -227,8 +232,12 @@ struct CacheRules {
   /// The rotated copy of host view x ([tokens][kv_heads][head_dim], contiguous in `buf`) that a rotated
   /// cache stores, each row through its head's transform (keys: the key side's); throws for the first
   /// non-finite input element, then for the first rotated element beyond the storable range (naming the
-  /// rotated channel). Without a rotation on that side: checks x and returns it.
-  static KVView rotated_input(KVView x, bool keys, const std::uint32_t* layer_tables, std::vector<float>& buf) {
+  /// rotated channel). Without a rotation on that side: checks x and returns it. pre(t, h, row) sees each
+  /// finite row of a rotated side just before its rotation and may change it (QAQ takes its outliers there:
+  /// qaq/split_outliers.hpp); it may throw (nothing is stored yet).
+  template <class Pre = NoPreRotation>
+  static KVView rotated_input(KVView x, bool keys, const std::uint32_t* layer_tables, std::vector<float>& buf,
+                              Pre&& pre = {}) {
     const char* what = keys ? "key" : "value";
     using Rot = typename L::rotation;
     if (!(keys ? Rot::kKeys : Rot::kValues)) {
@@ -245,6 +254,7 @@ struct CacheRules {
           check_finite(src[c], what, t, h, c);
           dst[c] = src[c];
         }
+        pre(t, h, dst);
         Rot::rotate(keys, layer_tables, h, d, dst);
         for (int c = 0; c < d; ++c)
           if (!(std::fabs(dst[c]) <= input_limit())) rotated_out_of_range(what, t, h, c, dst[c]);

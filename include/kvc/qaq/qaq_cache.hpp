@@ -28,6 +28,7 @@
 #include <kvc/qaq/qaq_quantizer.hpp>
 #include <kvc/qaq/record_format.hpp>
 #include <kvc/qaq/setup_checks.hpp>
+#include <kvc/qaq/split_outliers.hpp>
 
 #include <algorithm>
 #include <array>
@@ -215,7 +216,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
           auto& mirror = side == 0 ? mirror_k_[s] : mirror_v_[s];
           for (int c = 0; c < d; ++c) mirror.push_back(half_t::from_float(src[c]));
           const bool split = side == 0 ? kSplitKeys : kSplitValues;
-          const typename Outliers::Row o = (side == 0 ? k_out : v_out).row(t * cfg_.kv_heads + h);
+          const typename Outliers::Row o = (side == 0 ? k_out : v_out).row(t, h);
           put(side == 0 ? keys_[s] : values_[s], mirror.data() + std::size_t(id) * d, id, split ? &o : nullptr);
         }
         if constexpr (kAdaptive) {
@@ -386,17 +387,7 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
   using rules = detail::CacheRules<layout>;
   void check_index(int layer, int seq) const { rules::check_index(cfg_, layer, seq); }
   [[nodiscard]] std::size_t rotation_words() const noexcept { return layout::rotation_words(cfg_.kv_heads, cfg_.head_dim); }
-  /// The outliers a split side takes from each input row before its rotation, [rows][outliers(d)].
-  struct Outliers {
-    struct Row {
-      const half_t* val;
-      const std::uint8_t* idx;
-    };
-    std::vector<half_t> val;
-    std::vector<std::uint8_t> idx;
-    int n = 0;
-    [[nodiscard]] Row row(int i) const { return {val.data() + std::size_t(i) * n, idx.data() + std::size_t(i) * n}; }
-  };
+  using Outliers = qaq::SplitOutliers<quantizer>;
   /// Quantizes a mirror row and appends its record at BMax; a split side (o: the row's outliers, taken before the
   /// rotation) codes the row, its rotated residual, over all channels.
   void put(Side& sd, const half_t* row, std::uint32_t id, const typename Outliers::Row* o) {
@@ -407,35 +398,11 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     else record::write_row(bk.data() + at, cfg_.head_dim, BMax, id_bytes_, row, id);
   }
   /// The rows one side stores (rules::rotated_input), or for a split side its rotated residuals with the outliers
-  /// in `out`: finite and |x| <= 65504 checked on the input, the residuals' range checked after the rotation
-  /// (naming the rotated channel). Throws before anything changes.
+  /// in `out` (qaq/split_outliers.hpp). Throws before anything changes.
   template <bool Split>
   KVView stored_rows(KVView x, bool keys, int layer, std::vector<float>& buf, Outliers& out) const {
-    if constexpr (!Split) {
-      return rules::rotated_input(x, keys, rotation_tables(layer), buf);
-    } else {
-      const char* what = keys ? "key" : "value";
-      rules::check_values(x, what);
-      const int d = x.dim2, no = quantizer::outliers(d);
-      const std::size_t rows = std::size_t(x.dim0) * x.dim1;
-      buf.resize(x.size());
-      out.n = no;
-      out.val.resize(rows * std::size_t(no));
-      out.idx.resize(rows * std::size_t(no));
-      for (int t = 0; t < x.dim0; ++t)
-        for (int h = 0; h < x.dim1; ++h) {
-          const std::size_t i = std::size_t(t) * x.dim1 + h;
-          float* y = buf.data() + i * d;
-          std::copy_n(x.row(t, h), d, y);
-          std::uint32_t taken[quantizer::kMaxHeadDim / 32] = {};
-          quantizer::select_outliers(y, d, out.idx.data() + i * no, out.val.data() + i * no, taken);
-          for (int j = 0; j < no; ++j) y[out.idx[i * no + std::size_t(j)]] = 0.0f;
-          rotation::rotate(keys, rotation_tables(layer), h, d, y);
-          for (int c = 0; c < d; ++c)
-            if (!(std::fabs(y[c]) <= rules::input_limit())) rules::rotated_out_of_range(what, t, h, c, y[c]);
-        }
-      return KVView::contiguous(buf.data(), x.dim0, x.dim1, d);
-    }
+    if constexpr (Split) return out.template rows<rules>(x, keys, rotation_tables(layer), buf);
+    else return rules::rotated_input(x, keys, rotation_tables(layer), buf);
   }
   /// The width rule of KV head `head` of `layer` at length T under the current targets.
   [[nodiscard]] qaq::StepWidths<Bounds> step_rule(int layer, int head, int T) const {

@@ -35,7 +35,9 @@ void launch_attention(const Params<Q>& p, int longest, int nseq, int group, cons
   const int per = (longest + splits - 1) / splits;
   const int qheads = p.kv_heads * group;
   const std::size_t rows = std::size_t(nseq) * qheads;
-  StreamScratch<float> scores(rows * std::size_t(longest), stream), part(std::size_t(splits) * rows * D, stream);
+  constexpr bool kSplitV = kSplitValues<Q, Rot>;  // the outliers' share of the output, kept apart (kernels.cuh)
+  StreamScratch<float> scores(rows * std::size_t(longest), stream), part(std::size_t(splits) * rows * D, stream),
+      opart(kSplitV ? std::size_t(splits) * rows * D : 0, stream);
   scores_kernel<Q, D, Heads, QT, Rot><<<dim3(unsigned(splits), unsigned(p.kv_heads), unsigned(nseq)), kThreads, 0, stream>>>(
       p, q, group, scale_log2, per, scores.data(), longest);
   check_launch("qaq scores_kernel");
@@ -43,12 +45,12 @@ void launch_attention(const Params<Q>& p, int longest, int nseq, int group, cons
                                                                                          probs, probs_stride);
   check_launch("qaq softmax_kernel");
   const int chunks = (group + Heads - 1) / Heads;
-  values_kernel<Q, D, Heads>
+  values_kernel<Q, D, Heads, Rot>
       <<<dim3(unsigned(splits), unsigned(p.kv_heads * chunks), unsigned(nseq)), kThreads, 0, stream>>>(
-          p, group, per, scores.data(), longest, nseq, part.data());
+          p, group, per, scores.data(), longest, nseq, part.data(), opart.data());
   check_launch("qaq values_kernel");
-  sum_splits_kernel<D, QT, Rot><<<unsigned(rows), unsigned(std::min(D, 256)), 0, stream>>>(part.data(), splits, rows, out,
-                                                                                           p.rotation, qheads, group);
+  sum_splits_kernel<D, QT, Rot><<<unsigned(rows), unsigned(std::min(D, 256)), 0, stream>>>(
+      part.data(), opart.data(), splits, rows, out, p.rotation, qheads, group);
   check_launch("qaq sum_splits_kernel");
 }
 }  // namespace qaq_detail

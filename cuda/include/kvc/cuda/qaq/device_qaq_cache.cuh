@@ -29,6 +29,7 @@
 #include <kvc/qaq/calibration.hpp>
 #include <kvc/qaq/qaq_quantizer.hpp>
 #include <kvc/qaq/setup_checks.hpp>
+#include <kvc/qaq/split_outliers.hpp>
 
 #include <cuda_runtime.h>
 
@@ -66,9 +67,8 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, 
   using record = qaq::RecordFormat<quantizer>;
   using arena = qaq::Arena<quantizer>;
   using history = typename quantizer::history;
-  /// The Rotation (NoRotation without one; with one, no outliers: see the static_assert below): rows rotated on
-  /// append (the host's tables, same seed), the query rotated in the scores kernel and the output un-rotated in
-  /// the final sum (qaq/detail/kernels.cuh).
+  /// The Rotation (NoRotation without one): rows rotated on append (the host's tables, same seed), the query
+  /// rotated in the scores kernel and the output un-rotated in the final sum (qaq/detail/kernels.cuh).
   using rotation = typename kvc::detail::find_policy<kind::rotation, NoRotation, Rot...>::type;
   static constexpr bool kRotated = rotation::kActive;
   using params_type = qaq_detail::Params<quantizer>;
@@ -77,11 +77,13 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, 
   static constexpr bool kAdaptive = BMin < BMax;
   static_assert(kAdaptive, "kvc::cuda::DeviceQaqCache serves adaptive QAQ (BMin < BMax); per-token uniform QAQ "
                            "(BMin == BMax) is a host baseline: use a uniform or KIVI quantizer on the device");
-  static_assert(!(kRotated && OutlierPermille > 0),
-                "kvc::cuda::DeviceQaqCache rotates QAQ without outliers only: with outliers the host cache takes them "
-                "before the rotation and rotates the residual (qaq_cache.hpp), which the device kernels do not do yet; "
-                "use QaqQuantizer<BMin, BMax, 0> with the Rotation (the rotation spreads the outlier channels) or no "
-                "Rotation");
+  /// Rotated sides with outliers, as the host cache: the outliers taken before the rotation (on the host, at append:
+  /// qaq/split_outliers.hpp), the residual rotated and coded; the kernels add the outliers' terms in the original
+  /// basis (qaq/detail/kernels.cuh).
+  static constexpr bool kSplitKeys = qaq_detail::kSplitKeys<quantizer, rotation>;
+  static constexpr bool kSplitValues = qaq_detail::kSplitValues<quantizer, rotation>;
+  using key_record = qaq::RecordFormat<quantizer, kSplitKeys>;
+  using value_record = qaq::RecordFormat<quantizer, kSplitValues>;
 
   /// cfg, targets and calibration as the host cache (same checks and messages).
   DeviceQaqCache(const CacheConfig& cfg, qaq::Targets targets, qaq::QueryNormCalibration calibration,
@@ -152,16 +154,18 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, 
   }
 
   /// Appends k.dim0 tokens from HOST memory (fp32 [tokens][kv_heads][head_dim], finite, |x| <= 65504; with a
-  /// Rotation the rotated rows too, rotated on the host as the host cache does), as the host cache: the mirror
-  /// rows, then a record at B_max per side, quantized on the device. Validates first.
+  /// Rotation the rotated rows too, rotated on the host as the host cache does, a split side's outliers taken
+  /// there first), as the host cache: the mirror rows, then a record at B_max per side, quantized on the device.
+  /// Validates first.
   void append(int layer, int seq, KVView k, KVView v, cudaStream_t stream = nullptr) {
     rules::check_index(cfg_, layer, seq);
     int& n = lengths_[std::size_t(layer) * cfg_.batch + seq];
     const int tokens = rules::check_append_shape(cfg_, layer, seq, n, k, v);
     if (tokens == 0) return;
-    std::vector<float> k_rot, v_rot;  // Rotation: the rows as stored (R k, R v)
-    k = rules::rotated_input(k, true, host_rotation_tables(layer), k_rot);
-    v = rules::rotated_input(v, false, host_rotation_tables(layer), v_rot);
+    std::vector<float> k_rot, v_rot;  // Rotation: the rows as stored (R k or R (k - o); R v or R (v - o))
+    qaq::SplitOutliers<quantizer> k_out, v_out;
+    k = stored_rows<kSplitKeys>(k, true, layer, k_rot, k_out);
+    v = stored_rows<kSplitValues>(v, false, layer, v_rot, v_out);
     Layer& L = layers_[std::size_t(layer)];
     const int d = cfg_.head_dim;
     // mirror rows [n, n + tokens) of every head and side: [head][side][token][d] in the mirror's layout
@@ -181,9 +185,28 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, 
         else check(cudaMemcpyAsync(L.device_mirror.data() + at, src, bytes, cudaMemcpyHostToDevice, stream),
                    "cudaMemcpyAsync (QAQ mirror)");  // pageable source: staged before the call returns
       }
+    // split sides: their outliers, [tokens][kv_heads][outliers(d)] (pageable sources: staged before the calls return)
+    const std::size_t no = std::size_t(tokens) * cfg_.kv_heads * quantizer::outliers(d);
+    StreamScratch<half_t> out_val(std::size_t(kSplitKeys + kSplitValues) * no, stream);
+    StreamScratch<std::uint8_t> out_idx(std::size_t(kSplitKeys + kSplitValues) * no, stream);
+    qaq_detail::SplitRows split{{nullptr, nullptr}, {nullptr, nullptr}};
+    int used = 0;
+    for (int side = 0; side < 2; ++side) {
+      if (!(side == 0 ? kSplitKeys : kSplitValues)) continue;
+      const qaq::SplitOutliers<quantizer>& o = side == 0 ? k_out : v_out;
+      split.val[side] = out_val.data() + std::size_t(used) * no;
+      split.idx[side] = out_idx.data() + std::size_t(used) * no;
+      check(cudaMemcpyAsync(const_cast<half_t*>(split.val[side]), o.values().data(), no * sizeof(half_t),
+                            cudaMemcpyHostToDevice, stream),
+            "cudaMemcpyAsync (QAQ outliers)");
+      check(cudaMemcpyAsync(const_cast<std::uint8_t*>(split.idx[side]), o.channels().data(), no, cudaMemcpyHostToDevice,
+                            stream),
+            "cudaMemcpyAsync (QAQ outliers)");
+      ++used;
+    }
     const params_type p = params(layer);
     const int threads = tokens * cfg_.kv_heads * 2;
-    qaq_detail::append_kernel<quantizer><<<unsigned((threads + 127) / 128), 128, 0, stream>>>(p, seq, n, tokens);
+    qaq_detail::append_kernel<quantizer><<<unsigned((threads + 127) / 128), 128, 0, stream>>>(p, seq, n, tokens, split);
     check_launch("qaq append_kernel");
     qaq_detail::append_commit_kernel<quantizer><<<1, unsigned(2 * cfg_.kv_heads + 1), 0, stream>>>(p, seq, tokens);
     check_launch("qaq append_commit_kernel");
@@ -322,8 +345,8 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, 
           for (std::size_t o = 0; o < bk[std::size_t(w)].size(); o += rb) {
             const std::byte* r = bk[std::size_t(w)].data() + o;
             float* row = (side == 0 ? k : v) + (std::size_t(record::token(r, d, BMin + w, id_bytes_)) * H + h) * d;
-            record::decode(r, d, BMin + w, row);
-            if constexpr (kRotated) rotation::unrotate(side == 0, tables, h, d, row);
+            if (side == 0) decode_record<key_record>(r, d, BMin + w, row, true, tables, h);
+            else decode_record<value_record>(r, d, BMin + w, row, false, tables, h);
           }
         }
       }
@@ -396,6 +419,19 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, 
   using layout = typename DeviceKVCache<NoQuantizer<half_t>, Rot...>::layout;
   using rules = kvc::detail::CacheRules<layout>;
   [[nodiscard]] std::size_t rotation_words() const noexcept { return layout::rotation_words(cfg_.kv_heads, cfg_.head_dim); }
+  /// The rows one side stores: rules::rotated_input, on a split side with the outliers taken first (as the host).
+  template <bool Split>
+  KVView stored_rows(KVView x, bool keys, int layer, std::vector<float>& buf, qaq::SplitOutliers<quantizer>& out) const {
+    if constexpr (Split) return out.template rows<rules>(x, keys, host_rotation_tables(layer), buf);
+    else return rules::rotated_input(x, keys, host_rotation_tables(layer), buf);
+  }
+  /// Record r (width b) in the original basis: its codes' part un-rotated, a split side's outliers added.
+  template <class R>
+  static void decode_record(const std::byte* r, int d, int b, float* row, bool keys, const std::uint32_t* tables, int h) {
+    R::decode(r, d, b, row);
+    if constexpr (kRotated) rotation::unrotate(keys, tables, h, d, row);
+    if constexpr (R::kAddOutliers) R::add_outliers(r, d, b, row);
+  }
   struct Layer {
     DeviceBuffer<std::byte> arenas;
     DeviceBuffer<std::uint32_t> counts;

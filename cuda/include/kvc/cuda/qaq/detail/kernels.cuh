@@ -46,10 +46,18 @@ struct Params {
   }
 };
 
+/// The outliers a split side took before its rotation (qaq/split_outliers.hpp), [tokens][kv_heads][Q::outliers(d)]
+/// per side (null: the side is not split).
+struct SplitRows {
+  const half_t* val[2];
+  const std::uint8_t* idx[2];
+};
+
 /// Append: one thread per (token, stream head, side). Token t of the call becomes token n0 + t and record
-/// counts[BMax] + t of its bucket; quantized from its (already written) mirror row.
+/// counts[BMax] + t of its bucket; quantized from its (already written) mirror row, or on a split side from its
+/// rotated residual (the mirror row) with the outliers taken before the rotation.
 template <class Q>
-__global__ void append_kernel(const __grid_constant__ Params<Q> p, int seq, int n0, int tokens) {
+__global__ void append_kernel(const __grid_constant__ Params<Q> p, int seq, int n0, int tokens, SplitRows split) {
   using record = qaq::RecordFormat<Q>;
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= tokens * p.kv_heads * 2) return;
@@ -58,7 +66,13 @@ __global__ void append_kernel(const __grid_constant__ Params<Q> p, int seq, int 
   const std::uint32_t* n = p.counts_of(s, side);
   std::byte* dst = p.arena_of(s, side) + Params<Q>::arena::bucket_offset(n, Q::kMaxBits, d, p.id_bytes) +
                    (std::size_t(n[Params<Q>::kWidths - 1]) + t) * record::bytes(d, Q::kMaxBits, p.id_bytes);
-  record::write_row(dst, d, Q::kMaxBits, p.id_bytes, p.mirror_row(s, side, n0 + t), std::uint32_t(n0 + t));
+  if (split.val[side] != nullptr) {
+    const std::size_t o = (std::size_t(t) * p.kv_heads + h) * Q::outliers(d);
+    record::write_residual(dst, d, Q::kMaxBits, p.id_bytes, p.mirror_row(s, side, n0 + t), split.val[side] + o,
+                           split.idx[side] + o, std::uint32_t(n0 + t));
+  } else {
+    record::write_row(dst, d, Q::kMaxBits, p.id_bytes, p.mirror_row(s, side, n0 + t), std::uint32_t(n0 + t));
+  }
   if (side == 0) p.hist[std::size_t(s) * p.capacity + n0 + t].reset();
 }
 
@@ -204,8 +218,9 @@ __global__ void push_kernel(const __grid_constant__ Params<Q> p, const float* pr
     p.hist[std::size_t(s) * p.capacity + t].push(probs[std::size_t(s) * stride + t]);
 }
 
-/// A warp's share of one record: lane owns channels lane + 32 j (j < kC), decoded with the outliers in place.
-template <class Q, int D>
+/// A warp's share of one record: lane owns channels lane + 32 j (j < kC), decoded with the outliers in place, or
+/// for a split side (Split) the codes alone (the rotated residual's; the kernels add the outliers apart).
+template <class Q, int D, bool Split = false>
 __device__ __forceinline__ void decode_record(const std::byte* r, int b, int id_bytes, float (&x)[(D + 31) / 32]) {
   using record = qaq::RecordFormat<Q>;
   constexpr int kC = (D + 31) / 32;
@@ -216,6 +231,8 @@ __device__ __forceinline__ void decode_record(const std::byte* r, int b, int id_
     const int c = lane + 32 * j;
     x[j] = c < D ? Q::decode(m, b, std::uint8_t(record::code_at(r, c, b))) : 0.0f;
   }
+  (void)id_bytes;
+  if constexpr (Split) return;
   const half_t* ov = record::outlier_values(r, D, b);
   const std::uint8_t* oi = record::outlier_channels(r, D, b);
   for (int o = 0; o < Q::outliers(D); ++o) {
@@ -225,8 +242,14 @@ __device__ __forceinline__ void decode_record(const std::byte* r, int b, int id_
     for (int j = 0; j < kC; ++j)
       if (j == c / 32) x[j] = ov[o].to_float();
   }
-  (void)id_bytes;
 }
+
+/// A side is split when it is rotated and QAQ keeps outliers: they are taken before the rotation, in the original
+/// basis (qaq_cache.hpp), so the kernels add their terms with the un-rotated query and to the un-rotated output.
+template <class Q, class Rot>
+inline constexpr bool kSplitKeys = Rot::kKeys && Q::kOutlierPermille > 0;
+template <class Q, class Rot>
+inline constexpr bool kSplitValues = Rot::kValues && Q::kOutlierPermille > 0;
 
 /// Records [r0, r1) of a split (r0 = split * per).
 __device__ __forceinline__ void split_range(int T, int per, int* r0, int* r1) {
@@ -236,14 +259,17 @@ __device__ __forceinline__ void split_range(int T, int per, int* r0, int* r1) {
 
 /// Scores: grid (splits, kv_heads, nseq). scores[(seq * query_heads + qh) * stride + token] = q . k * scale
 /// * log2(e), for the `group` query heads of the KV head (chunks of Heads in registers). With the keys of Rot
-/// rotated, each query row is rotated in shared memory first (one thread per row: q . k = (R q) . (R k)).
+/// rotated, each query row is rotated in shared memory first (one thread per row: q . k = (R q) . (R k)); on a
+/// split side the outliers' terms use the row before its rotation (q . k = (R q) . y^ + q . o).
 template <class Q, int D, int Heads, class QT, class Rot>
 __global__ void __launch_bounds__(kThreads)
     scores_kernel(const __grid_constant__ Params<Q> p, const QT* __restrict__ q, int group, float scale_log2, int per,
                   float* __restrict__ scores, int stride) {
   using record = qaq::RecordFormat<Q>;
   constexpr int kC = (D + 31) / 32;
+  constexpr bool kSplit = kSplitKeys<Q, Rot>;
   __shared__ float qs[Heads * D];
+  __shared__ float qo[kSplit ? Heads * D : 1];  // split: the query rows before the rotation
   const int kvh = blockIdx.y, seq = blockIdx.z, s = seq * p.kv_heads + kvh, T = p.lengths[seq];
   int r0, r1;
   split_range(T, per, &r0, &r1);
@@ -259,6 +285,7 @@ __global__ void __launch_bounds__(kThreads)
       qs[i] = h < heads ? StorageTraits<QT>::load(q[(std::size_t(seq) * qheads + kvh * group + h0 + h) * D + i % D]) *
                               scale_log2
                         : 0.0f;
+      if constexpr (kSplit) qo[i] = qs[i];
     }
     if constexpr (Rot::kKeys) {
       __syncthreads();
@@ -269,7 +296,7 @@ __global__ void __launch_bounds__(kThreads)
       const auto sl = Params<Q>::arena::slot(n, std::uint32_t(i), D, p.id_bytes);
       const std::byte* r = p.arena_of(s, 0) + sl.offset;
       float x[kC];
-      decode_record<Q, D>(r, sl.width, p.id_bytes, x);
+      decode_record<Q, D, kSplit>(r, sl.width, p.id_bytes, x);
       float a[Heads];
 #pragma unroll
       for (int h = 0; h < Heads; ++h) {
@@ -277,6 +304,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int j = 0; j < kC; ++j)
           if (lane + 32 * j < D) a[h] = fmaf(qs[h * D + lane + 32 * j], x[j], a[h]);
+        if constexpr (kSplit) {
+          const half_t* ov = record::outlier_values(r, D, sl.width);
+          const std::uint8_t* oi = record::outlier_channels(r, D, sl.width);
+          for (int o = lane; o < Q::outliers(D); o += 32) a[h] = fmaf(qo[h * D + oi[o]], ov[o].to_float(), a[h]);
+        }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) a[h] += __shfl_xor_sync(0xffffffffu, a[h], o);
       }
@@ -335,14 +367,17 @@ __global__ void __launch_bounds__(kThreads)
 
 /// p . V over the value records of a split: grid (splits, kv_heads * chunks, nseq); writes the split's partial
 /// outputs part[((split * nseq + seq) * query_heads + qh) * D + c] (probabilities are already normalised, so
-/// the splits merge by a plain sum).
-template <class Q, int D, int Heads>
+/// the splits merge by a plain sum). A split value side (Rot) writes the outliers' share apart, in the original
+/// basis, to opart (same indexing): sum_splits_kernel adds it after the un-rotation.
+template <class Q, int D, int Heads, class Rot>
 __global__ void __launch_bounds__(kThreads)
     values_kernel(const __grid_constant__ Params<Q> p, int group, int per, const float* __restrict__ probs_by_head,
-                  int stride, int nseq, float* __restrict__ part) {
+                  int stride, int nseq, float* __restrict__ part, float* __restrict__ opart) {
   using record = qaq::RecordFormat<Q>;
   constexpr int kC = (D + 31) / 32, kWarps = kThreads / 32;
+  constexpr bool kSplit = kSplitValues<Q, Rot>;
   __shared__ float red[kWarps][Heads][D];
+  __shared__ float ored[kSplit ? Heads : 1][kSplit ? D : 1];  // split: sum of p x_c over the outliers
   __shared__ std::uint32_t n[Params<Q>::kWidths];
   const int chunks = (group + Heads - 1) / Heads;
   const int kvh = blockIdx.y / chunks, h0 = (blockIdx.y % chunks) * Heads, seq = blockIdx.z;
@@ -352,6 +387,8 @@ __global__ void __launch_bounds__(kThreads)
   int r0, r1;
   split_range(T, per, &r0, &r1);
   if (threadIdx.x < Params<Q>::kWidths) n[threadIdx.x] = p.counts_of(s, 1)[threadIdx.x];
+  if constexpr (kSplit)
+    for (int i = threadIdx.x; i < Heads * D; i += kThreads) ored[i / D][i % D] = 0.0f;
   __syncthreads();
   float acc[Heads][kC];
 #pragma unroll
@@ -362,13 +399,18 @@ __global__ void __launch_bounds__(kThreads)
     const auto sl = Params<Q>::arena::slot(n, std::uint32_t(i), D, p.id_bytes);
     const std::byte* r = p.arena_of(s, 1) + sl.offset;
     float x[kC];
-    decode_record<Q, D>(r, sl.width, p.id_bytes, x);
+    decode_record<Q, D, kSplit>(r, sl.width, p.id_bytes, x);
     const std::uint32_t tok = record::token(r, D, sl.width, p.id_bytes);
 #pragma unroll
     for (int h = 0; h < Heads; ++h) {
       const float pr = h < heads ? probs_by_head[(std::size_t(seq) * qheads + kvh * group + h0 + h) * stride + tok] : 0.0f;
 #pragma unroll
       for (int j = 0; j < kC; ++j) acc[h][j] = fmaf(pr, x[j], acc[h][j]);
+      if constexpr (kSplit) {
+        const half_t* ov = record::outlier_values(r, D, sl.width);
+        const std::uint8_t* oi = record::outlier_channels(r, D, sl.width);
+        for (int o = lane; o < Q::outliers(D); o += 32) atomicAdd(&ored[h][oi[o]], pr * ov[o].to_float());
+      }
     }
   }
 #pragma unroll
@@ -382,16 +424,20 @@ __global__ void __launch_bounds__(kThreads)
     float v = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) v += red[w][h][c];
-    part[((std::size_t(blockIdx.x) * nseq + seq) * qheads + kvh * group + h0 + h) * D + c] = v;
+    const std::size_t at = ((std::size_t(blockIdx.x) * nseq + seq) * qheads + kvh * group + h0 + h) * D + c;
+    part[at] = v;
+    if constexpr (kSplit) opart[at] = ored[h][c];
   }
 }
 
 /// out[row][c] = sum over splits of part: grid (rows = nseq x query heads), D threads or fewer. With the values
 /// of Rot rotated, the row is un-rotated in shared memory before it is stored (o = R^T sum_t p_t (R v_t); row's
-/// KV head (row % query heads) / group, tables of the layer).
+/// KV head (row % query heads) / group, tables of the layer), then a split side's outlier share (opart, the
+/// same sum; null when the values are not split) is added in the original basis.
 template <int D, class QT, class Rot>
-__global__ void sum_splits_kernel(const float* __restrict__ part, int splits, std::size_t rows, QT* __restrict__ out,
-                                  const std::uint32_t* __restrict__ tables, int query_heads, int group) {
+__global__ void sum_splits_kernel(const float* __restrict__ part, const float* __restrict__ opart, int splits,
+                                  std::size_t rows, QT* __restrict__ out, const std::uint32_t* __restrict__ tables,
+                                  int query_heads, int group) {
   const std::size_t row = blockIdx.x;
   __shared__ float o[Rot::kValues ? D : 1];
   for (int c = threadIdx.x; c < D; c += blockDim.x) {
@@ -404,7 +450,12 @@ __global__ void sum_splits_kernel(const float* __restrict__ part, int splits, st
     __syncthreads();
     if (threadIdx.x == 0) Rot::unrotate(false, tables, int(row % std::size_t(query_heads)) / group, D, o);
     __syncthreads();
-    for (int c = threadIdx.x; c < D; c += blockDim.x) out[row * D + c] = StorageTraits<QT>::store(o[c]);
+    for (int c = threadIdx.x; c < D; c += blockDim.x) {
+      float v = o[c];
+      if (opart != nullptr)
+        for (int k = 0; k < splits; ++k) v += opart[(std::size_t(k) * rows + row) * D + c];
+      out[row * D + c] = StorageTraits<QT>::store(v);
+    }
   }
 }
 }  // namespace kvc::cuda::qaq_detail
