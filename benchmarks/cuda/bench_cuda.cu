@@ -137,7 +137,7 @@ void copy_row(benchmark::State& state) {
       benchmark::Counter(double(n) * double(state.iterations()), benchmark::Counter::kIsRate);
 }
 
-/// QAQ (QaqQuantizer<>, or QaqDev = DeviceQaqCache<QaqQuantizer<1, 8, 0>, Rotation<...>>) filled like the other rows,
+/// QAQ (QaqQuantizer<>, or QaqDev = DeviceQaqCache<QaqQuantizer<>, Rotation<...>>) filled like the other rows,
 /// n = 5 decode steps to fill the histories, then each side's target bisected to ~3 average bits (as kvc_bench's
 /// QAQ rows), all on the device.
 template <class QaqDev>
@@ -306,6 +306,9 @@ int main(int argc, char** argv) {
   register_scheme<kvc::schemes::Rotated<kvc::schemes::Kivi2>>("kivi2_rot", {4096, 32768}, {1, 16});
   register_scheme<kvc::schemes::Int4>("int4", {4096, 32768}, {1, 16});
   register_scheme<kvc::schemes::Rotated<kvc::schemes::Int4>>("int4_rot", {4096, 32768}, {1, 16});
+  // The sweep's <= 4.6-bit scheme: KIVI-4 on 64-token groups, a 4-token sink on the block grid (masked rows), rotated.
+  register_scheme<kvc::schemes::KiviGridSink<4>>("kivi4_b64_gsink4", {4096, 32768}, {1, 16});
+  register_scheme<kvc::schemes::Rotated<kvc::schemes::KiviGridSink<4>>>("kivi4_b64_gsink4_rot", {4096, 32768}, {1, 16});
   // AlignedKV: fp16 bit planes read at the tiers its rules choose, and every tier 16 (beside fp16's rows).
   for (int Ta : {4096, 32768})
     for (int Ba : {1, 16})
@@ -321,9 +324,9 @@ int main(int argc, char** argv) {
               ->MinTime(0.2);
         }
   // QAQ at ~3 average code bits per side: decode attention alone, and whole steps (attention + width update);
-  // "qaq_rot": with K and V Hadamard-rotated, no outliers (the device rotates QAQ without them).
+  // "qaq_rot": with K and V Hadamard-rotated (the outliers taken before the rotation, as kvc_bench's qaq_rot).
   using Qaq = kvc::cuda::DeviceQaqCache<kvc::QaqQuantizer<>>;
-  using QaqRot = kvc::cuda::DeviceQaqCache<kvc::QaqQuantizer<1, 8, 0>, kvc::Rotation<kvc::Hadamard<>>>;
+  using QaqRot = kvc::cuda::DeviceQaqCache<kvc::QaqQuantizer<>, kvc::Rotation<kvc::Hadamard<>>>;
   for (int rot = 0; rot < 2; ++rot)
     for (int Tq : {4096, 32768})
       for (int Bq : {1, 16})

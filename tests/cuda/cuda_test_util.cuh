@@ -72,6 +72,10 @@ using RotKeysGear4 = kvc::CompressedKVCache<kvc::UniformQuantizer<4, kvc::Scope:
 using RotKivi3Sink = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<3, 32, kvc::Axis::kChannel>>,
                                             kvc::values<kvc::GroupQuantizer<3, 16, kvc::Axis::kToken>>,
                                             kvc::FullPrecisionWindow<16, 4>, kvc::Rotation<kvc::Hadamard<>>>;
+/// The sink on the block grid (AlignedSinkWindow: block 0's first rows masked): KIVI-3 with 16-channel value
+/// groups (every head dim), and the sweep's <= 4.6-bit scheme, Rotated<KiviGridSink<4>> (64-token blocks).
+using Kivi3GridSink = kvc::schemes::KiviGridSink<3, 32, 4, 16, 16>;
+using RotGridSink4 = kvc::schemes::Rotated<kvc::schemes::KiviGridSink<4>>;
 }  // namespace sch
 using kvc_test::scheme_name;
 using Names = kvc_test::SchemeNames;
@@ -85,6 +89,8 @@ template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sc
 template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::RotKivi2> = "RotKivi2";
 template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::RotKeysGear4> = "RotKeysGear4";
 template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::RotKivi3Sink> = "RotKivi3Sink";
+template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::Kivi3GridSink> = "Kivi3GridSink";
+template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::RotGridSink4> = "RotGridSink4";
 
 namespace kvc_cuda_test {
 

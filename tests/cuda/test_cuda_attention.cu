@@ -97,6 +97,10 @@ using Cases = ::testing::Types<
     // rotated: both sides, keys only with GEAR, the Hartley-mixed head dims 80/96, a 16-bit query
     Case<sch::RotKivi2, 128>, Case<sch::RotKeysGear4, 64>, Case<sch::RotKivi3Sink, 80>, Case<sch::RotKivi3Sink, 96>,
     Case<sch::RotKivi2, 64, kvc::half_t>,
+    // the sink on the block grid (block 0's masked rows), every head dim; rotated, the sweep's scheme at 64 and 128
+    Case<sch::Kivi3GridSink, 64>, Case<sch::Kivi3GridSink, 80>, Case<sch::Kivi3GridSink, 96>,
+    Case<sch::Kivi3GridSink, 128>, Case<sch::Kivi3GridSink, 256>, Case<sch::RotGridSink4, 64>,
+    Case<sch::RotGridSink4, 128>,
     // 16-bit queries
     Case<sch::Fp16, 128, kvc::half_t>, Case<sch::Kivi2, 128, kvc::half_t>, Case<sch::Bf16, 128, kvc::bfloat16_t>,
     Case<sch::Kivi4, 128, kvc::bfloat16_t>>;

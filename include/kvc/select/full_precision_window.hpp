@@ -110,7 +110,7 @@ using NoWindow = FullPrecisionWindow<0, 0>;
 /// Sink Sink + 1 times), stored and read like any row (counted in the bytes), and masked out of the
 /// softmax by the kernels (probability exactly 0). The sink lives in
 /// full-precision slots [0, Sink), the newest tokens in the ring. Requires 0 < Sink < B (cache_checks).
-/// Served by the CPU kernels; the CUDA cache and kernel reject it at compile time (no row mask yet).
+/// Served by the CPU kernels and the CUDA cache and kernel (the same row mask).
 template <int Recent, int Sink, StorageType Storage = half_t>
 struct AlignedSinkWindow : detail::SinkWindowRule<Recent, Sink, Storage, 0> {
   static_assert(Recent >= 0 && Sink > 0, "kvc::AlignedSinkWindow<Recent, Sink>: Recent >= 0, Sink > 0 (Sink = 0 "

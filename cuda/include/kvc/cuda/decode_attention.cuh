@@ -36,9 +36,6 @@ namespace detail {
 template <class Layout, int D, int Heads, class QT>
 void launch_decode(const typename Layout::Params& p, int max_blocks, int nseq, int group, const QT* q, QT* out,
                    float scale_log2, const DecodeOptions& opt, cudaStream_t stream) {
-  static_assert(kvc::detail::masked_rows<typename Layout::selector>() == 0,
-                "kvc::cuda::decode_attention: kvc::AlignedSinkWindow (masked block-0 rows) is served by the CPU "
-                "kernels only");
   using S = DecodeSmem<Layout, D, Heads>;
   auto kernel = decode_split_kernel<Layout, D, Heads, QT>;
   const DeviceLimits dev = device_limits();

@@ -53,9 +53,6 @@ class DeviceKVCache {
   static_assert(std::is_void_v<typename R::streaming>,
                 "kvc::cuda::DeviceKVCache compresses in block mode; kvc::LiteralMode recompresses the whole history "
                 "and exists on the host only (CompressedKVCache)");
-  static_assert(kvc::detail::masked_rows<typename R::selector>() == 0,
-                "kvc::cuda::DeviceKVCache: kvc::AlignedSinkWindow's masked block-0 rows are served by the CPU kernels "
-                "only; on the device use FullPrecisionWindow<Recent, Sink>");
 
  public:
   using key_quantizer = typename R::key_q;

@@ -9,7 +9,8 @@
 ///      decoded tile), each thread one token and a slice of channels;
 ///   3. updates the online softmax (base 2) and accumulates p . V, each thread one channel.
 /// Everything comes from CacheLayout::Params (passed as a __grid_constant__); identity formats and
-/// absent corrections compile out with `if constexpr`. Math is fp32 FMA on the decoded values, i.e.
+/// absent corrections compile out with `if constexpr`. AlignedSinkWindow's masked rows (block 0's first
+/// kMaskedRows, holding no token) score -inf, so their probability is exactly 0, as on the CPU. Math is fp32 FMA on the decoded values, i.e.
 /// the CPU kernel's Precision::kExact.
 #pragma once
 
@@ -108,6 +109,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   static_assert(!Layout::kStreamOutliers,
                 "kvc::cuda: stream-scope outliers (GEAR paper mode) have no device kernel; use OutlierScope::kBlock");
   constexpr int B = S::B, NT = S::NT, kCpt = (D + NT - 1) / NT;
+  constexpr int kMasked = kvc::detail::masked_rows<typename Layout::selector>();  // rows of block 0 (AlignedSinkWindow)
   extern __shared__ __align__(16) std::byte decode_smem[];
   std::byte* smem = decode_smem;
   float* qs = reinterpret_cast<float*>(smem + S::q);
@@ -147,8 +149,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
     for (int j = 0; j < kCpt; ++j) acc[h][j] = 0.0f;
   __syncthreads();
 
-  // One chunk: tiles filled by `load`, nt valid tokens.
-  auto chunk = [&](int nt, auto&& load) {
+  // One chunk: tiles filled by `load`, rows [masked, nt) hold tokens.
+  auto chunk = [&](int nt, int masked, auto&& load) {
     load();
     __syncthreads();
     // scores: thread (token ti, slice sl)
@@ -178,7 +180,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       float s = 0.0f;
 #pragma unroll
       for (int k = 0; k < S::kSlices; ++k) s += part[(k * Heads + h) * B + t];
-      sc[i] = t < nt ? s : neg_inf();
+      sc[i] = t < nt && t >= masked ? s : neg_inf();
     }
     __syncthreads();
     // online softmax: one warp per query head
@@ -224,7 +226,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const int nfp = p.fp_count(seq);
     for (int i0 = 0; i0 < nfp; i0 += B) {
       const int nt = nfp - i0 < B ? nfp - i0 : B;
-      chunk(nt, [&] {
+      chunk(nt, 0, [&] {
         load_fp_rows<Layout, D>(p, Side::kKey, seq, kvh, i0, nt, kt, S::kKeyLd);
         load_fp_rows<Layout, D>(p, Side::kValue, seq, kvh, i0, nt, vt, D);
       });
@@ -232,7 +234,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   };
   if (split == 0) fp_tokens();
   for (int blk = b0; blk < b1; ++blk) {
-    chunk(B, [&] {
+    chunk(B, blk == 0 ? kMasked : 0, [&] {
       const std::byte* kb = p.key_block(seq, kvh, blk);
       const std::byte* vb = p.value_block(seq, kvh, blk);
       if constexpr (!KF::kIdentity) stage(kb, smem + S::kraw, KF::block_bytes(D));
