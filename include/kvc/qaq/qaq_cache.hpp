@@ -204,8 +204,8 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     if (rules::check_append_shape(cfg_, layer, seq, n, k, v) == 0) return;
     std::vector<float> k_rot, v_rot;  // Rotation: the rows as stored (R k or R (k - o); R v or R (v - o))
     Outliers k_out, v_out;            // split sides: the outliers taken before the rotation
-    k = stored_rows<kSplitKeys>(k, true, layer, k_rot, k_out);
-    v = stored_rows<kSplitValues>(v, false, layer, v_rot, v_out);
+    k = qaq::stored_rows<kSplitKeys, rules>(k, true, rotation_tables(layer), k_rot, k_out);
+    v = qaq::stored_rows<kSplitValues, rules>(v, false, rotation_tables(layer), v_rot, v_out);
     const int d = cfg_.head_dim;
     for (int h = 0; h < cfg_.kv_heads; ++h) {
       const std::size_t s = stream(layer, seq, h);
@@ -296,10 +296,8 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
         float* out = side == 0 ? k : v;
         for_each_record(sd, [&](const std::byte* r, int b, std::uint32_t t) {
           float* row = out + (std::size_t(t) * H + h) * d;
-          // a split side: the codes' part, un-rotated, then the outliers added (R^T y^ + o)
-          (side == 0 ? &key_record::decode : &value_record::decode)(r, d, b, row);
-          if constexpr (kRotated) rotation::unrotate(side == 0, tables, h, d, row);  // NoTransform: nothing
-          if (side == 0 ? kSplitKeys : kSplitValues) record::add_outliers(r, d, b, row);
+          if (side == 0) qaq::reconstruct<key_record, rotation>(r, d, b, true, tables, h, row);
+          else qaq::reconstruct<value_record, rotation>(r, d, b, false, tables, h, row);
         });
       }
     }
@@ -396,13 +394,6 @@ class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds
     bk.resize(at + record::bytes(cfg_.head_dim, BMax, id_bytes_));
     if (o) record::write_residual(bk.data() + at, cfg_.head_dim, BMax, id_bytes_, row, o->val, o->idx, id);
     else record::write_row(bk.data() + at, cfg_.head_dim, BMax, id_bytes_, row, id);
-  }
-  /// The rows one side stores (rules::rotated_input), or for a split side its rotated residuals with the outliers
-  /// in `out` (qaq/split_outliers.hpp). Throws before anything changes.
-  template <bool Split>
-  KVView stored_rows(KVView x, bool keys, int layer, std::vector<float>& buf, Outliers& out) const {
-    if constexpr (Split) return out.template rows<rules>(x, keys, rotation_tables(layer), buf);
-    else return rules::rotated_input(x, keys, rotation_tables(layer), buf);
   }
   /// The width rule of KV head `head` of `layer` at length T under the current targets.
   [[nodiscard]] qaq::StepWidths<Bounds> step_rule(int layer, int head, int T) const {

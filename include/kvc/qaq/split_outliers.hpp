@@ -63,4 +63,22 @@ class SplitOutliers {
   std::vector<half_t> val_;
   std::vector<std::uint8_t> idx_;
 };
+
+/// The rows side `keys` of a QAQ cache stores (the host and the device cache's append): Rules::rotated_input, or
+/// on a split side (Split) its rotated residuals, the outliers in `out`. Throws before anything is stored.
+template <bool Split, class Rules, class Q>
+KVView stored_rows(KVView x, bool keys, const std::uint32_t* layer_tables, std::vector<float>& buf,
+                   SplitOutliers<Q>& out) {
+  if constexpr (Split) return out.template rows<Rules>(x, keys, layer_tables, buf);
+  else return Rules::rotated_input(x, keys, layer_tables, buf);
+}
+
+/// Record r (width b) of side `keys` of KV head h in the original basis (dequantize of both caches): its codes
+/// decoded, un-rotated by Rot, and on a split side (R::kAddOutliers) its outliers added: R^T y^ + o.
+template <class R, class Rot>
+void reconstruct(const std::byte* r, int d, int b, bool keys, const std::uint32_t* layer_tables, int h, float* row) {
+  R::decode(r, d, b, row);
+  if constexpr (Rot::kActive) Rot::unrotate(keys, layer_tables, h, d, row);
+  if constexpr (R::kAddOutliers) R::add_outliers(r, d, b, row);
+}
 }  // namespace kvc::qaq

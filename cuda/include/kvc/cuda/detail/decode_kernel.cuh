@@ -10,8 +10,8 @@
 ///   3. updates the online softmax (base 2) and accumulates p . V, each thread one channel.
 /// Everything comes from CacheLayout::Params (passed as a __grid_constant__); identity formats and
 /// absent corrections compile out with `if constexpr`. AlignedSinkWindow's masked rows (block 0's first
-/// kMaskedRows, holding no token) score -inf, so their probability is exactly 0, as on the CPU. Math is fp32 FMA on the decoded values, i.e.
-/// the CPU kernel's Precision::kExact.
+/// kMaskedRows, holding no token) score -inf, so their probability is exactly 0, as on the CPU. Math is
+/// fp32 FMA on the decoded values, i.e. the CPU kernel's Precision::kExact.
 #pragma once
 
 #include <kvc/attention/split_merge.hpp>

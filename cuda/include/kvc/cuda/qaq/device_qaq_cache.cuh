@@ -164,8 +164,8 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, 
     if (tokens == 0) return;
     std::vector<float> k_rot, v_rot;  // Rotation: the rows as stored (R k or R (k - o); R v or R (v - o))
     qaq::SplitOutliers<quantizer> k_out, v_out;
-    k = stored_rows<kSplitKeys>(k, true, layer, k_rot, k_out);
-    v = stored_rows<kSplitValues>(v, false, layer, v_rot, v_out);
+    k = qaq::stored_rows<kSplitKeys, rules>(k, true, host_rotation_tables(layer), k_rot, k_out);
+    v = qaq::stored_rows<kSplitValues, rules>(v, false, host_rotation_tables(layer), v_rot, v_out);
     Layer& L = layers_[std::size_t(layer)];
     const int d = cfg_.head_dim;
     // mirror rows [n, n + tokens) of every head and side: [head][side][token][d] in the mirror's layout
@@ -345,8 +345,8 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, 
           for (std::size_t o = 0; o < bk[std::size_t(w)].size(); o += rb) {
             const std::byte* r = bk[std::size_t(w)].data() + o;
             float* row = (side == 0 ? k : v) + (std::size_t(record::token(r, d, BMin + w, id_bytes_)) * H + h) * d;
-            if (side == 0) decode_record<key_record>(r, d, BMin + w, row, true, tables, h);
-            else decode_record<value_record>(r, d, BMin + w, row, false, tables, h);
+            if (side == 0) qaq::reconstruct<key_record, rotation>(r, d, BMin + w, true, tables, h, row);
+            else qaq::reconstruct<value_record, rotation>(r, d, BMin + w, false, tables, h, row);
           }
         }
       }
@@ -419,19 +419,6 @@ class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, 
   using layout = typename DeviceKVCache<NoQuantizer<half_t>, Rot...>::layout;
   using rules = kvc::detail::CacheRules<layout>;
   [[nodiscard]] std::size_t rotation_words() const noexcept { return layout::rotation_words(cfg_.kv_heads, cfg_.head_dim); }
-  /// The rows one side stores: rules::rotated_input, on a split side with the outliers taken first (as the host).
-  template <bool Split>
-  KVView stored_rows(KVView x, bool keys, int layer, std::vector<float>& buf, qaq::SplitOutliers<quantizer>& out) const {
-    if constexpr (Split) return out.template rows<rules>(x, keys, host_rotation_tables(layer), buf);
-    else return rules::rotated_input(x, keys, host_rotation_tables(layer), buf);
-  }
-  /// Record r (width b) in the original basis: its codes' part un-rotated, a split side's outliers added.
-  template <class R>
-  static void decode_record(const std::byte* r, int d, int b, float* row, bool keys, const std::uint32_t* tables, int h) {
-    R::decode(r, d, b, row);
-    if constexpr (kRotated) rotation::unrotate(keys, tables, h, d, row);
-    if constexpr (R::kAddOutliers) R::add_outliers(r, d, b, row);
-  }
   struct Layer {
     DeviceBuffer<std::byte> arenas;
     DeviceBuffer<std::uint32_t> counts;
