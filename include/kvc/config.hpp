@@ -25,6 +25,12 @@
 #else
 #  define KVC_ALWAYS_INLINE inline
 #endif
+/// The same for a lambda, written after its parameter list: `[&](int c) KVC_INLINE_LAMBDA { ... }`.
+#if defined(__GNUC__) || defined(__clang__)
+#  define KVC_INLINE_LAMBDA __attribute__((always_inline))
+#else
+#  define KVC_INLINE_LAMBDA
+#endif
 /// Before a host+device function template that calls a callable it is given: nvcc then accepts host-only
 /// callables (lambdas of host code) in its host instantiations without a warning (CUTLASS does the same).
 #if defined(__CUDACC__) && !defined(__clang__)

@@ -121,7 +121,7 @@ class DecodeKernel {
     void start(const std::byte* a, std::size_t na, const std::byte* b, std::size_t nb) noexcept {
       p = a, e = a + na, p2 = b, e2 = b + nb;
     }
-    void step() noexcept {
+    KVC_ALWAYS_INLINE void step() noexcept {
       if (p < e) {
         __builtin_prefetch(p, 0, Locality);
         p += 64;
@@ -136,7 +136,7 @@ class DecodeKernel {
   struct Scratch {
     Prefetcher<KVC_PREFETCH_LOCALITY> pf;  // the block kPrefetchBytes ahead, into L2
     Prefetcher<3> near;                    // the next block, into L1
-    void prefetch_step() noexcept {
+    KVC_ALWAYS_INLINE void prefetch_step() noexcept {
       pf.step();
       near.step();
     }
@@ -620,17 +620,20 @@ class DecodeKernel {
           s.qsum[(h0 + h) * ncg + cg] = reduce_add(a);
         }
       }
-      // Even and odd channels accumulate separately (2*NH*JT independent FMA chains: with NH*JT = 8,
-      // one set leaves the FMA latency exposed).
+      // Even and odd channels accumulate separately (E = 2 sets of NH*JT independent FMA chains: with
+      // NH*JT = 8, one set leaves the FMA latency exposed) where the registers hold both sets, the JT loaded
+      // vectors and the broadcast query; otherwise one set (AVX2 with 4 heads: 19 > 16 registers would spill
+      // accumulators on every channel).
+      constexpr int E = 2 * NH * JT + JT + 1 <= simd::kVecRegs ? 2 : 1;
       for (int j = 0; j < B; j += N * JT) {
-        F a[2][NH][JT];
-        for (int e = 0; e < 2; ++e)
+        F a[E][NH][JT];
+        for (int e = 0; e < E; ++e)
           for (int h = 0; h < NH; ++h)
             for (int jj = 0; jj < JT; ++jj) a[e][h][jj] = F::zero();
         // One prefetch step (a line of each prefetch range) per 64 bytes this loop reads: issued faster than
         // the loop consumes lines, the requests queue up and stall it (AVX2 fp16: every other channel).
         constexpr int kLineC = std::max<int>(1, 64 / int(JT * N * sizeof(T)));
-        auto step = [&](int c, F (&acc)[NH][JT]) {
+        auto step = [&](int c, F (&acc)[NH][JT]) KVC_INLINE_LAMBDA {
           if (kLineC == 1 || c % kLineC == 0) s.prefetch_step();
           F kv[JT];
           for (int jj = 0; jj < JT; ++jj) kv[jj] = F::load(tile + std::size_t(c) * B + j + jj * N);
@@ -640,7 +643,7 @@ class DecodeKernel {
           }
         };
         if constexpr (Quads) {
-          auto lanes = [&]<int L>(int c, const I (&x)[JT], F (&acc)[NH][JT]) {
+          auto lanes = [&]<int L>(int c, const I (&x)[JT], F (&acc)[NH][JT]) KVC_INLINE_LAMBDA {
             for (int h = 0; h < NH; ++h) {
               const F qb = F::set1(q[std::size_t(h0 + h) * d + c + L]);
               for (int jj = 0; jj < JT; ++jj) acc[h][jj] = fma(qb, x[jj].template byte_lane<L>(), acc[h][jj]);
@@ -651,20 +654,21 @@ class DecodeKernel {
             I x[JT];
             for (int jj = 0; jj < JT; ++jj) x[jj] = I::load(tile + (std::size_t(c >> 2) * B + j + jj * N) * 4);
             lanes.template operator()<0>(c, x, a[0]);
-            lanes.template operator()<1>(c, x, a[1]);
+            lanes.template operator()<1>(c, x, a[E - 1]);
             lanes.template operator()<2>(c, x, a[0]);
-            lanes.template operator()<3>(c, x, a[1]);
+            lanes.template operator()<3>(c, x, a[E - 1]);
           }
         } else {
           int c = c0;
           for (; c + 2 <= c1; c += 2) {
             step(c, a[0]);
-            step(c + 1, a[1]);
+            step(c + 1, a[E - 1]);
           }
           if (c < c1) step(c, a[0]);
         }
-        for (int h = 0; h < NH; ++h)
-          for (int jj = 0; jj < JT; ++jj) a[0][h][jj] = a[0][h][jj] + a[1][h][jj];
+        if constexpr (E == 2)
+          for (int h = 0; h < NH; ++h)
+            for (int jj = 0; jj < JT; ++jj) a[0][h][jj] = a[0][h][jj] + a[1][h][jj];
         for (int h = 0; h < NH; ++h)
           for (int jj = 0; jj < JT; ++jj) {
             float* out = s.sc + std::size_t(h0 + h) * B + j + jj * N;
@@ -1008,12 +1012,13 @@ class DecodeKernel {
   }
 
   /// Uncompressed value block [t][c] of T. CT channel vectors per pass keep NH*CT independent FMA
-  /// chains in flight (the latency, not the port count, bounds a single chain).
+  /// chains in flight (the latency, not the port count, bounds a single chain): the most (8, 4 or 2) whose
+  /// accumulators, row vectors and broadcast probability fit the registers (AVX2, 4 heads: 2).
   template <class Row>
   void float_value_dot(Scratch& s, Item& it, int n, Row&& row) const {
     const int d = d_;
     for_head_chunks(g_, [&]<int NH>(int h0) {
-      auto pass = [&]<int CT>(int c) {
+      auto pass = [&]<int CT>(int c) KVC_INLINE_LAMBDA {
         F a[NH][CT];
         for (int h = 0; h < NH; ++h)
           for (int k = 0; k < CT; ++k) a[h][k] = F::load(it.acc + std::size_t(h0 + h) * d + c + k * N);
@@ -1032,7 +1037,7 @@ class DecodeKernel {
         for (int h = 0; h < NH; ++h)
           for (int k = 0; k < CT; ++k) a[h][k].store(it.acc + std::size_t(h0 + h) * d + c + k * N);
       };
-      constexpr int kCT = NH <= 2 ? 8 : 4;
+      constexpr int kCT = NH * 8 + 9 <= simd::kVecRegs ? 8 : NH * 4 + 5 <= simd::kVecRegs ? 4 : 2;
       int c = 0;
       for (; c + kCT * N <= d; c += kCT * N) pass.template operator()<kCT>(c);
       for (; c < d; c += N) pass.template operator()<1>(c);

@@ -13,6 +13,15 @@
 
 namespace kvc::detail::KVC_ISA_NS::simd {
 
+/// Vector registers the path's register tiles may fill: 32 where the compiler may use AVX-512VL's (the
+/// AVX-512 path, and every path of a build for an AVX-512 CPU, e.g. -march=native there), else AVX2's 16
+/// ymm. A tile that needs more spills accumulators to the stack on every token.
+#if KVC_ISA_LEVEL_ == 2 || defined(__AVX512VL__)
+inline constexpr int kVecRegs = 32;
+#else
+inline constexpr int kVecRegs = 16;
+#endif
+
 // 2^x for x in [-126, 126] (inputs below are clamped, so 2^-inf ~ 2^-126 * 0 terms vanish):
 // round to nearest integer n, f = x - n in [-0.5, 0.5], 2^f by its degree-6 Taylor series
 // (relative error < 2e-7), then scale by 2^n.
