@@ -8,7 +8,8 @@
 ///   qaq-uB         B in 2..8: every token at B bits, QAQ's codec and 1 % outliers (paper Fig. 4's baseline)
 ///   qaq-rot:KS:VS  qaq:KS:VS with K and V Hadamard-rotated (rotate/rotation.hpp; the outliers taken before the
 ///                  rotation, the residual rotated: qaq_cache.hpp); qaq-rotk / qaq-rotv:KS:VS one side only;
-///                  qaq-a0-rot:KS:VS and qaq-uB-rot (B = 3, 4) likewise
+///                  qaq-a0-rot:KS:VS, qaq-a0n1-rot:KS:VS (alpha = 0 and n = 1) and qaq-uB-rot (B = 3, 4)
+///                  likewise
 /// The key bound needs the ||q||^2 calibration (qaq/calibration.hpp): kvc-eval computes it on a segment of
 /// the text after the evaluated tokens (or loads --qaq-calibration) and passes it in RunHooks.
 /// Only AttentionMode::kFast and kExact run the step; kReference attends without probabilities, so its

@@ -211,8 +211,8 @@ std::vector<SchemeEntry> schemes_a();  ///< uniform, KIVI, LogQuant, layer split
 std::vector<SchemeEntry> schemes_b();  ///< KIVI with sinks and GEAR corrections
 std::vector<SchemeEntry> schemes_c();  ///< rotated schemes beside their plain twins
 std::vector<SchemeEntry> schemes_d();  ///< AlignedKV and QAQ
-/// A QAQ scheme named by its kind ("qaq", "qaq-n1", "qaq-a0", "qaq-rot", "qaq-rotk", "qaq-rotv", "qaq-a0-rot") and targets
-/// (schemes_d.cpp); nullopt for another kind.
+/// A QAQ scheme named by its kind ("qaq", "qaq-n1", "qaq-a0", "qaq-rot", "qaq-rotk", "qaq-rotv", "qaq-a0-rot",
+/// "qaq-a0n1-rot") and targets (schemes_d.cpp); nullopt for another kind.
 std::optional<SchemeEntry> qaq_scheme(const std::string& kind, const std::string& name, qaq::Targets t);
 }  // namespace detail
 
@@ -228,8 +228,8 @@ inline const std::vector<SchemeEntry>& scheme_registry() {
 }
 
 /// The registry entry called `name`, or a QAQ scheme with its targets in the name (qaq_eval.hpp:
-/// qaq:KS:VS, qaq-n1:KS:VS, qaq-a0:KS:VS, qaq-rot:KS:VS, qaq-rotk:KS:VS, qaq-rotv:KS:VS, qaq-a0-rot:KS:VS); throws kvc::Error listing the
-/// known names otherwise.
+/// qaq:KS:VS, qaq-n1:KS:VS, qaq-a0:KS:VS, qaq-rot:KS:VS, qaq-rotk:KS:VS, qaq-rotv:KS:VS, qaq-a0-rot:KS:VS,
+/// qaq-a0n1-rot:KS:VS); throws kvc::Error listing the known names otherwise.
 inline SchemeEntry find_scheme(const std::string& name) {
   std::string known;
   for (const SchemeEntry& e : scheme_registry()) {
@@ -241,7 +241,8 @@ inline SchemeEntry find_scheme(const std::string& name) {
   if (colon != std::string::npos && detail::parse_targets(name.substr(colon + 1), t))
     if (auto e = detail::qaq_scheme(name.substr(0, colon), name, t)) return *e;
   KVC_CHECK(false, Errc::kInvalidArgument, "unknown scheme '", name, "' (known: ", known,
-            ", and qaq:KS:VS, qaq-n1:KS:VS, qaq-a0:KS:VS, qaq-rot:KS:VS, qaq-rotk:KS:VS, qaq-rotv:KS:VS, qaq-a0-rot:KS:VS with positive targets "
+            ", and qaq:KS:VS, qaq-n1:KS:VS, qaq-a0:KS:VS, qaq-rot:KS:VS, qaq-rotk:KS:VS, qaq-rotv:KS:VS, "
+            "qaq-a0-rot:KS:VS, qaq-a0n1-rot:KS:VS with positive targets "
             "sigma_S = KS, sigma_X = VS)");
   return scheme_registry().front();  // unreachable
 }

@@ -42,6 +42,8 @@ std::optional<SchemeEntry> qaq_scheme(const std::string& kind, const std::string
   if (kind == "qaq-a0") return qaq_entry<QaqQuantizer<1, 8, 0, 5>>(name, "QAQ ablation: no outliers (alpha = 0)" + at, t);
   if (kind == "qaq-a0-rot")
     return qaq_entry<QaqQuantizer<1, 8, 0, 5>, Rotation<Hadamard<>>>(name, "qaq-a0 with K and V Hadamard-rotated" + at, t);
+  if (kind == "qaq-a0n1-rot")  // both ablations' savings at once: no outliers, no history beyond the current step
+    return qaq_entry<QaqQuantizer<1, 8, 0, 1>, Rotation<Hadamard<>>>(name, "qaq-a0 with n = 1, K and V Hadamard-rotated" + at, t);
   return std::nullopt;
 }
 }  // namespace kvc::llama::detail
