@@ -2,6 +2,7 @@
 /// Named cache schemes: the configurations the benchmarks, examples and quality harness compare.
 #pragma once
 
+#include <kvc/aligned/aligned_loader.hpp>
 #include <kvc/cache/compressed_kv_cache.hpp>
 #include <kvc/gear/literal_mode.hpp>
 #include <kvc/gear/low_rank_residual.hpp>
@@ -110,4 +111,9 @@ using Rotated = typename detail::add_policies<Cache, Rot>::type;
 /// ... values only (per-channel key groups, as KIVI's, already isolate outlier channels).
 template <class Cache>
 using RotatedValues = Rotated<Cache, RotateValues<Hadamard<>>>;
+/// Scheme `Cache` with its full-precision slots (KIVI's window and sink, LogQuant's set) stored as AlignedKV
+/// bit planes and read at the precision AlignedKV's rules give (aligned/slot_planes.hpp): the same bytes
+/// stored, fewer read. E.g. AlignedWindow<Kivi2>, AlignedWindow<LogQuant2>.
+template <class Cache, class Loader = AlignedLoader<>>
+using AlignedWindow = typename detail::add_policies<Cache, Loader>::type;
 }  // namespace kvc::schemes

@@ -1,5 +1,5 @@
-// expect: a loader policy .kvc::AlignedLoader. reads fp16 bit planes
-// A well-formed loader policy beside a quantizer: loaders have a cache of their own.
+// expect: the loader policy must be kvc::AlignedLoader
+// A well-formed loader policy beside a quantizer that lacks the loader interface (tiers, estimate).
 #include <kvc/kvc.hpp>
 
 struct PartialLoads {

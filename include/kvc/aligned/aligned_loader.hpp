@@ -111,6 +111,9 @@ struct ReadStats {
 ///                   most wait in fp16 staging), a multiple of 16 (SPEC default 64)
 /// Thresholds above every possible distance (e.g. 99) force tier 16 on every element but exactly-zero addends
 /// (a zero query channel, an underflowed probability), which read hi8 only: they add nothing at any tier.
+/// Beside a quantizer and a selector (CompressedKVCache<..., AlignedLoader<...>>, schemes::AlignedWindow) it loads
+/// the selector's fp16 slots (aligned/slot_planes.hpp); Block is then unused (the slots go in chunks of the cache's
+/// block).
 template <int KLo = 4, int KHi = 8, int VLo = 4, int VHi = 8, int TopK = 32, int Block = 64>
 struct AlignedLoader {
   static_assert(0 <= KLo && KLo <= KHi && 0 <= VLo && VLo <= VHi,

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <kvc/config.hpp>
+#include <kvc/aligned/slot_planes.hpp>
 #include <kvc/core/bit_packing.hpp>
 #include <kvc/core/concepts.hpp>
 #include <kvc/core/numeric.hpp>
@@ -257,9 +258,11 @@ struct OutlierSlice {
 
 /// Compile-time description of a cache: key/value block formats (with their corrections), the
 /// full-precision selector, the stream-scope outlier filter (void when outliers are per block or
-/// absent; it applies to the quantized sides) and the rotation (NoRotation: rows stored as given).
+/// absent; it applies to the quantized sides), the rotation (NoRotation: rows stored as given) and the
+/// loader of the full-precision slots (void: fp rows; kvc::AlignedLoader: AlignedKV's bit planes,
+/// aligned/slot_planes.hpp).
 template <Quantizer KQ, Quantizer VQ, Selector Sel, int B, class KCorr = NoCorrection, class VCorr = NoCorrection,
-          class StreamOutliers = void, class Rot = NoRotation>
+          class StreamOutliers = void, class Rot = NoRotation, class Loader = void>
 struct CacheLayout {
   using key_format = BlockFormat<KQ, Side::kKey, B, KCorr>;
   using value_format = BlockFormat<VQ, Side::kValue, B, VCorr>;
@@ -267,6 +270,11 @@ struct CacheLayout {
   using window_t = typename Sel::storage;
   static constexpr int kBlockTokens = B;
   static constexpr int kFpSlots = Sel::fp_slots(B);  ///< full-precision rows per stream and side
+  /// AlignedLoader over the full-precision slots: they are stored as bit planes (aligned::SlotPlanes).
+  using loader = Loader;
+  static constexpr bool kAlignedWindow = !std::is_void_v<Loader>;
+  /// Slots a stream side's region holds: kFpSlots, rounded up to the block with slot planes (whole chunks).
+  static constexpr int kFpStride = kAlignedWindow ? (kFpSlots + B - 1) / B * B : kFpSlots;
   /// PartialLogWindow: full-precision slots also hold a quantized value row (value_row_format).
   static constexpr bool kQuantizedFpValues = detail::selector_quantizes_values<Sel>();
   using value_row_format = std::conditional_t<kQuantizedFpValues, TokenRowFormat<VQ>, void>;
@@ -312,7 +320,7 @@ struct CacheLayout {
     const int* lengths;   ///< [batch] tokens per sequence
     std::byte* k_blocks;  ///< [batch][kv_heads][capacity_blocks] blocks of key_format::block_bytes
     std::byte* v_blocks;
-    window_t* k_fp;  ///< [batch][kv_heads][kFpSlots][head_dim]
+    window_t* k_fp;  ///< [batch][kv_heads][kFpStride][head_dim] (kAlignedWindow: that many elements, as planes)
     window_t* v_fp;
     int outlier_capacity;       ///< stream-scope outlier entries per stream (0 without)
     std::uint32_t* k_out_off;   ///< [batch][kv_heads][capacity_blocks + 1] (nullptr without)
@@ -342,9 +350,15 @@ struct CacheLayout {
     }
     /// Full-precision tokens of sequence `seq` (everything outside its quantized blocks).
     KVC_HOST_DEVICE int fp_count(int seq) const noexcept { return detail::fp_tokens<Sel>(lengths[seq], B); }
-    /// Row of full-precision slot `slot` of one stream side.
+    /// Row of full-precision slot `slot` of one stream side (fp rows: not kAlignedWindow).
     KVC_HOST_DEVICE window_t* fp_slot_row(Side side, int seq, int head, int slot) const noexcept {
-      return (side == Side::kKey ? k_fp : v_fp) + (std::size_t(stream(seq, head)) * kFpSlots + slot) * head_dim;
+      static_assert(!kAlignedWindow, "kvc: slot planes have no rows; use fp_planes");
+      return (side == Side::kKey ? k_fp : v_fp) + (std::size_t(stream(seq, head)) * kFpStride + slot) * head_dim;
+    }
+    /// The slot planes of one stream side (kAlignedWindow only).
+    KVC_HOST_DEVICE aligned::SlotPlanes fp_planes(Side side, int seq, int head) const noexcept {
+      window_t* r = (side == Side::kKey ? k_fp : v_fp) + std::size_t(stream(seq, head)) * kFpStride * head_dim;
+      return {reinterpret_cast<std::uint8_t*>(r), kFpStride, head_dim, side == Side::kKey};
     }
     /// Row of the i-th full-precision token of (seq, head), i < fp_count(seq) (storage order).
     KVC_HOST_DEVICE window_t* fp_row_at(Side side, int seq, int head, int i) const noexcept {
@@ -368,7 +382,10 @@ struct CacheLayout {
       if constexpr (kQuantizedFpValues)
         if (side == Side::kValue && fp_value_quantized(seq, i))
           return value_row_format::decode(value_row_at(seq, head, i), c, head_dim);
-      return StorageTraits<window_t>::load(fp_row_at(side, seq, head, i)[c]);
+      if constexpr (kAlignedWindow)
+        return detail::half_bits_to_float(fp_planes(side, seq, head).bits(Sel::fp_slot(lengths[seq], i, B), c));
+      else
+        return StorageTraits<window_t>::load(fp_row_at(side, seq, head, i)[c]);
     }
   };
   static_assert(std::is_trivially_copyable_v<Params>, "kvc: CacheLayout::Params must be trivially copyable");

@@ -58,7 +58,7 @@ class CompressedKVCache {
   static constexpr bool kLiteral = !std::is_void_v<typename R::streaming>;  ///< GEAR Algorithm 1 streaming
   using rotation = typename R::rotation;  ///< NoRotation when absent
   using layout = CacheLayout<key_quantizer, value_quantizer, selector, kBlockTokens, typename R::key_corr,
-                             typename R::value_corr, stream_outliers, rotation>;
+                             typename R::value_corr, stream_outliers, rotation, typename R::loader>;
   using params_type = typename layout::Params;
   using key_format = typename layout::key_format;
   using value_format = typename layout::value_format;
@@ -87,8 +87,8 @@ class CompressedKVCache {
     const std::size_t d = std::size_t(cfg.head_dim);
     k_blocks_ = AlignedBuffer<std::byte>(streams * cap_blocks_ * key_format::block_bytes(cfg.head_dim));
     v_blocks_ = AlignedBuffer<std::byte>(streams * cap_blocks_ * value_format::block_bytes(cfg.head_dim));
-    k_fp_ = AlignedBuffer<window_t>(streams * layout::kFpSlots * d);
-    v_fp_ = AlignedBuffer<window_t>(streams * layout::kFpSlots * d);
+    k_fp_ = AlignedBuffer<window_t>(streams * layout::kFpStride * d);
+    v_fp_ = AlignedBuffer<window_t>(streams * layout::kFpStride * d);
     v_fq_ = AlignedBuffer<std::byte>(streams * layout::kFpSlots * layout::value_row_bytes(cfg.head_dim));
     lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
     if constexpr (layout::kKeyStreamOutliers) k_out_ = OutlierTable(streams, cap_blocks_, out_cap_);
@@ -160,8 +160,8 @@ class CompressedKVCache {
                        lengths_.data() + std::size_t(layer) * cfg_.batch,
                        self->k_blocks_.data() + s0 * cap_blocks_ * key_format::block_bytes(cfg_.head_dim),
                        self->v_blocks_.data() + s0 * cap_blocks_ * value_format::block_bytes(cfg_.head_dim),
-                       self->k_fp_.data() + s0 * layout::kFpSlots * d,
-                       self->v_fp_.data() + s0 * layout::kFpSlots * d,
+                       self->k_fp_.data() + s0 * layout::kFpStride * d,
+                       self->v_fp_.data() + s0 * layout::kFpStride * d,
                        out_cap_,
                        self->k_out_.offsets(s0),
                        self->k_out_.indices(s0),
@@ -255,18 +255,28 @@ class CompressedKVCache {
     std::vector<float>& pending;  // LiteralMode: [block][head][side][B][d]
     mutable std::vector<float> row = {};  // quantize_value's fp32 copy of a value row
 
+    /// One side's slot `slot` as floats: stored (rounded to the window's storage: fp16 rows or slot planes), loaded.
+    void store_slot(Side side, int h, int slot, const float* x) const {
+      if constexpr (layout::kAlignedWindow) p.fp_planes(side, seq, h).store_row(slot, x);
+      else convert(x, p.fp_slot_row(side, seq, h, slot), std::size_t(c.cfg_.head_dim));
+    }
+    void load_slot(Side side, int h, int slot, float* x) const {
+      if constexpr (layout::kAlignedWindow) p.fp_planes(side, seq, h).load_row(slot, x);
+      else convert(p.fp_slot_row(side, seq, h, slot), x, std::size_t(c.cfg_.head_dim));
+    }
     void write(int slot) const {
-      const std::size_t d = std::size_t(c.cfg_.head_dim);
       for (int h = 0; h < c.cfg_.kv_heads; ++h) {
-        convert(k.row(token, h), p.fp_slot_row(Side::kKey, seq, h, slot), d);
-        convert(v.row(token, h), p.fp_slot_row(Side::kValue, seq, h, slot), d);
+        store_slot(Side::kKey, h, slot, k.row(token, h));
+        store_slot(Side::kValue, h, slot, v.row(token, h));
       }
     }
     void move(int from, int to) const {
       const std::size_t d = std::size_t(c.cfg_.head_dim);
       for (int h = 0; h < c.cfg_.kv_heads; ++h)
-        for (Side side : {Side::kKey, Side::kValue})
-          std::copy_n(p.fp_slot_row(side, seq, h, from), d, p.fp_slot_row(side, seq, h, to));
+        for (Side side : {Side::kKey, Side::kValue}) {
+          if constexpr (layout::kAlignedWindow) p.fp_planes(side, seq, h).copy_row(from, to);
+          else std::copy_n(p.fp_slot_row(side, seq, h, from), d, p.fp_slot_row(side, seq, h, to));
+        }
       if constexpr (layout::kQuantizedFpValues)
         for (int h = 0; h < c.cfg_.kv_heads; ++h)
           std::copy_n(p.value_row_slot(seq, h, from), layout::value_row_bytes(c.cfg_.head_dim),
@@ -277,7 +287,7 @@ class CompressedKVCache {
         const int d = c.cfg_.head_dim;
         row.resize(std::size_t(d));
         for (int h = 0; h < c.cfg_.kv_heads; ++h) {
-          convert(p.fp_slot_row(Side::kValue, seq, h, slot), row.data(), std::size_t(d));
+          load_slot(Side::kValue, h, slot, row.data());
           layout::value_row_format::quantize(row.data(), d, p.value_row_slot(seq, h, slot));
         }
       }
@@ -293,14 +303,14 @@ class CompressedKVCache {
         for (int h = 0; h < H; ++h)
           for (int sd = 0; sd < 2; ++sd)
             for (int r = 0; r < B; ++r)
-              convert(p.fp_slot_row(sd == 0 ? Side::kKey : Side::kValue, seq, h, slot_of(r)),
-                      pending.data() + at + ((std::size_t(h) * 2 + sd) * B + r) * d, std::size_t(d));
+              load_slot(sd == 0 ? Side::kKey : Side::kValue, h, slot_of(r),
+                        pending.data() + at + ((std::size_t(h) * 2 + sd) * B + r) * d);
       } else {
         std::vector<float> x(std::size_t(B) * d);
         for (int h = 0; h < H; ++h)
           for (Side side : {Side::kKey, Side::kValue}) {
             for (int r = 0; r < B; ++r)
-              convert(p.fp_slot_row(side, seq, h, slot_of(r)), x.data() + std::size_t(r) * d, std::size_t(d));
+              load_slot(side, h, slot_of(r), x.data() + std::size_t(r) * d);
             if (side == Side::kKey) c.compress_block<key_format>(x.data(), layer, seq, h, blk, p.key_block(seq, h, blk), {});
             else c.compress_block<value_format>(x.data(), layer, seq, h, blk, p.value_block(seq, h, blk), {});
           }

@@ -98,6 +98,7 @@ struct resolve_policies {
   using key_corr = correction_of<key_q, true>;
   using value_corr = correction_of<value_q, false>;
   using rotation = typename find_policy<kind::rotation, NoRotation, P...>::type;  // NoRotation: none
+  using loader = typename find_policy<kind::loader, void, P...>::type;  // void: fp rows
 };
 
 /// The checks every cache composition passes (the static_asserts read as the error messages).
@@ -128,10 +129,24 @@ struct cache_checks {
                 "kvc::QaqQuantizer gives every token its own width, changed every step: its cache is "
                 "CompressedKVCache<QaqQuantizer<...>> (mixed-bit buckets, <kvc/qaq/qaq_cache.hpp>), first, with at most "
                 "a Rotation<...> after it: no selector, block size, second quantizer or GEAR correction");
-  static_assert(detail::count_kind<kind::loader, P...> == 0,
-                "kvc: a loader policy (kvc::AlignedLoader) reads fp16 bit planes: its cache is CompressedKVCache<AlignedLoader<...>> alone "
-                "(<kvc/aligned/aligned_cache.hpp>); loading the fp16 parts of other schemes (KIVI's window, "
-                "LogQuant's full-precision set) through it is not built yet");
+  // AlignedLoader beside other policies loads the selector's full-precision slots (aligned/slot_planes.hpp);
+  // alone it is AlignedKV's own cache (<kvc/aligned/aligned_cache.hpp>, a specialisation).
+  static_assert(std::is_void_v<typename R::loader> || requires(const float* f, const std::uint8_t* b, std::uint8_t* t) {
+                  R::loader::key_tiers(f, 1, 1, b, t);
+                  R::loader::value_tier(f, std::size_t(1), 1, static_cast<const int*>(nullptr));
+                  R::loader::kTopK;
+                },
+                "kvc: the loader policy must be kvc::AlignedLoader<...> (or provide its interface: key_tiers, "
+                "estimate_reference, value_tier)");
+  static_assert(std::is_void_v<typename R::loader> || std::is_same_v<typename R::selector::storage, half_t>,
+                "kvc::AlignedLoader splits fp16 bit patterns: the full-precision window it loads must be stored in "
+                "fp16 (FullPrecisionWindow<Recent, Sink, half_t>, LogWindow<..., half_t>: the default storage)");
+  static_assert(std::is_void_v<typename R::loader> || !kQuantizedFpValues,
+                "kvc::AlignedLoader loads exact fp16 slots; kvc::PartialLogWindow keeps some of its values as "
+                "quantized rows: use LogWindow (LogQuant) or FullPrecisionWindow (KIVI) with the loader");
+  static_assert(std::is_void_v<typename R::loader> || !(R::key_q::kIsIdentity && R::value_q::kIsIdentity),
+                "kvc::AlignedLoader over a cache that quantizes nothing: use CompressedKVCache<AlignedLoader<...>> "
+                "(<kvc/aligned/aligned_cache.hpp>), AlignedKV's own cache");
   static_assert(requires(const std::uint32_t* t, float* x) {
                   R::rotation::head_words(1);
                   R::rotation::make_tables(1, 1, 1, nullptr);

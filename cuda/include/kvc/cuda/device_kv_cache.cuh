@@ -53,6 +53,10 @@ class DeviceKVCache {
   static_assert(std::is_void_v<typename R::streaming>,
                 "kvc::cuda::DeviceKVCache compresses in block mode; kvc::LiteralMode recompresses the whole history "
                 "and exists on the host only (CompressedKVCache)");
+  static_assert(std::is_void_v<typename R::loader>,
+                "kvc::cuda::DeviceKVCache: AlignedLoader over a selector's full-precision slots (slot planes) is built "
+                "on the CPU only so far (CompressedKVCache and its decode_attention); AlignedKV's own cache has its "
+                "device twin, kvc::cuda::DeviceAlignedCache");
 
  public:
   using key_quantizer = typename R::key_q;

@@ -73,9 +73,13 @@ class DecodeKernel {
     if constexpr (kInt<KF> && KF::kPerTokenScale) prepare_query_int8(s);
 
     if (fp) {
-      const int nfp = p_.fp_count(seq);
       KVC_PHASE(kOther);
-      for (int i = 0; i < nfp; i += B) fp_tokens(s, it, seq, kvh, i, std::min(nfp, i + B));
+      if constexpr (Layout::kAlignedWindow) {
+        aligned_window(s, it, seq, kvh);
+      } else {
+        const int nfp = p_.fp_count(seq);
+        for (int i = 0; i < nfp; i += B) fp_tokens(s, it, seq, kvh, i, std::min(nfp, i + B));
+      }
       KVC_PHASE(kFpTokens);
     }
     const int ahead = prefetch_blocks();
@@ -166,6 +170,14 @@ class DecodeKernel {
     std::uint8_t* vtile;  // [B*d]
     float* wrow;          // [B][d] full-precision key rows, as float
     float* vrowf;         // [B][d] PartialLogWindow: full-precision tokens' values, as float
+    // AlignedLoader over the full-precision slots (aligned_window; null otherwise)
+    half_t* abits;        // [B * d] a chunk's keys [d][B], then its value rows [B][d], at their tiers
+    std::uint8_t* alive;  // [kFpStride] 0xFF for a live slot
+    std::uint8_t* ameta;  // [3][d] key tiers, Kmax, Vmax (fp16 exponent fields)
+    int* arows;           // [B] the chunk's live slots
+    int* aref;            // [g] Rule 2's reference per query head
+    float* aprob;         // [g][B] the chunk's probabilities, normalised over the chunk
+    float* aest;          // [d] Rule 2's output estimate
     float* kzero;  // [groups_k]
     float* kscale;
     float* vzero;  // [groups_v]
@@ -208,6 +220,15 @@ class DecodeKernel {
     s.vtile = reinterpret_cast<std::uint8_t*>(take(std::size_t(B) * d / 4));
     s.wrow = take(std::size_t(B) * d);
     s.vrowf = take(Layout::kQuantizedFpValues ? std::size_t(B) * d : 0);
+    if constexpr (Layout::kAlignedWindow) {
+      s.abits = reinterpret_cast<half_t*>(take(std::size_t(B) * d / 2));
+      s.alive = reinterpret_cast<std::uint8_t*>(take(std::size_t(Layout::kFpStride) / 4 + 1));
+      s.ameta = reinterpret_cast<std::uint8_t*>(take(3 * d / 4 + 1));
+      s.arows = reinterpret_cast<int*>(take(std::size_t(B)));
+      s.aref = reinterpret_cast<int*>(take(g));
+      s.aprob = take(g * B);
+      s.aest = take(d);
+    }
     const std::size_t gk = std::max(KF::groups(d_), 1), gv = std::max(VF::groups(d_), 1);
     s.kzero = take(gk);
     s.kscale = take(gk);
@@ -459,6 +480,79 @@ class DecodeKernel {
       float_value_dot(s, it, n, [&](int t) { return static_cast<const float*>(s.vrowf + std::size_t(t) * d); });
     } else {
       float_value_dot(s, it, n, [&](int t) { return vrow[t]; });
+    }
+  }
+
+  // ---------------------------------------------------------------- AlignedLoader over the full-precision slots
+  /// The selector's full-precision slots stored as AlignedKV bit planes (Layout::kAlignedWindow,
+  /// aligned/slot_planes.hpp), attended in chunks of B slots in slot order, live slots only:
+  ///  - keys: Rule 1 per channel (AlignedLoader::key_tiers) from the group's queries as this kernel holds them
+  ///    (softmax-scaled, rotated with the cache: a common factor moves a binade difference by at most one, at a
+  ///    boundary) and Kmax[c], the largest exponent field of the live slots' keys (read from their hi8 bytes,
+  ///    which every tier loads); a chunk's keys are put together at their tiers (aligned::assemble_run) into an
+  ///    fp16 [d][B] tile and scored like an fp16 key block;
+  ///  - values: each chunk is its own softmax partition (the online softmax merges it with the rest, scaling
+  ///    its output and that output's error alike), so Rule 2 runs on the chunk: its probabilities normalised
+  ///    over the chunk, the estimate from its TopK candidates' hi8 rows (AlignedLoader::estimate_reference),
+  ///    Vmax over the live slots; every live row is put together at its tier (AlignedLoader::value_tier) and
+  ///    summed like the fp16 window's rows.
+  /// Only the planes a tier asks for are read; hi8 of every live element always.
+  void aligned_window(Scratch& s, Item& it, int seq, int kvh) const {
+    using Loader = typename Layout::loader;
+    constexpr int S = Layout::kFpStride;
+    const int d = d_, n = p_.lengths[seq], nfp = p_.fp_count(seq);
+    if (nfp <= 0) return;
+    const aligned::SlotPlanes kp = p_.fp_planes(Side::kKey, seq, kvh), vp = p_.fp_planes(Side::kValue, seq, kvh);
+    std::uint8_t* live = s.alive;
+    std::memset(live, 0, S);
+    for (int i = 0; i < nfp; ++i) live[Layout::selector::fp_slot(n, i, B)] = 0xFF;
+    // Kmax / Vmax: an fp16's exponent field is bits 6..2 of its hi8 byte.
+    std::uint8_t *ktier = s.ameta, *kmax = ktier + d, *vmax = kmax + d;
+    for (int c = 0; c < d; ++c) {
+      const std::uint8_t* hi = kp.hi() + std::size_t(c) * S;
+      std::uint8_t m = 0;
+      for (int j = 0; j < S; ++j) m = std::max(m, std::uint8_t(hi[j] & live[j] & 0x7C));
+      kmax[c] = std::uint8_t(m >> 2);
+    }
+    std::memset(vmax, 0, std::size_t(d));
+    for (int j = 0; j < S; ++j)
+      if (live[j]) {
+        const std::uint8_t* hi = vp.hi() + std::size_t(j) * d;
+        for (int c = 0; c < d; ++c) vmax[c] = std::max(vmax[c], std::uint8_t(hi[c] & 0x7C));
+      }
+    for (int c = 0; c < d; ++c) vmax[c] = std::uint8_t(vmax[c] >> 2);
+    Loader::key_tiers(s.qf, g_, d, kmax, ktier);
+    for (int h = 0; h < g_; ++h) s.bias[h] = 0.0f;
+
+    for (int j0 = 0; j0 < S; j0 += B) {
+      int m = 0;
+      for (int j = 0; j < B; ++j)
+        if (live[j0 + j]) s.arows[m++] = j0 + j;
+      if (m == 0) continue;
+      for (int c = 0; c < d; ++c) {
+        const std::size_t at = std::size_t(c) * S + j0;
+        aligned::assemble_run(ktier[c], kp.hi() + at, kp.mid() + at / 2, kp.lo() + at / 2, B, s.abits + std::size_t(c) * B);
+      }
+      float_key_dot(s, static_cast<const half_t*>(s.abits), s.qf, 0, d, nullptr, nullptr, true);
+      for (int h = 0; h < g_; ++h)  // the live slots' scores to the front (in place: arows[k] - j0 >= k)
+        for (int k = 0; k < m; ++k) s.sc[std::size_t(h) * B + k] = s.sc[std::size_t(h) * B + s.arows[k] - j0];
+      softmax_update(s, it, m);
+      for (int h = 0; h < g_; ++h) {
+        const float* w = s.sc + std::size_t(h) * B;
+        float* p = s.aprob + std::size_t(h) * B;
+        float sum = 0.0f;
+        for (int k = 0; k < m; ++k) sum += w[k];
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // all underflowed: every row adds nothing (tier 8)
+        for (int k = 0; k < m; ++k) p[k] = w[k] * inv;
+        s.aref[h] = Loader::estimate_reference(
+            p, m, d, vmax, [&](int t, int c) { return vp.bits(s.arows[t], c, 8); }, s.aest);
+      }
+      for (int k = 0; k < m; ++k) {
+        const std::size_t at = std::size_t(s.arows[k]) * d;
+        aligned::assemble_run(Loader::value_tier(s.aprob + k, B, g_, s.aref), vp.hi() + at, vp.mid() + at / 2,
+                              vp.lo() + at / 2, d, s.abits + std::size_t(k) * d);
+      }
+      float_value_dot(s, it, m, [&](int k) { return static_cast<const half_t*>(s.abits + std::size_t(k) * d); });
     }
   }
 

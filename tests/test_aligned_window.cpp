@@ -1,0 +1,328 @@
+// AlignedKV over other schemes' fp16 parts (aligned/slot_planes.hpp): a scheme's full-precision slots
+// (KIVI's window and sink, LogQuant's log-distributed set) stored as bit planes and read at the tiers of
+// AlignedKV's rules. The cache must hold exactly what the plain scheme holds; attention with every tier
+// forced to 16 must equal the plain scheme's; with real tiers it must equal the oracle on the window
+// truncated as the rules decide (replicated here from the same AlignedLoader functions).
+#include "test_util.hpp"
+
+namespace kvc_test {
+namespace sch {
+/// KIVI-2 with an odd window and sink (ring and sink slots not a multiple of the block).
+using KiviOdd = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<2, 32, Axis::kChannel>>,
+                                       kvc::values<kvc::GroupQuantizer<2, 32, Axis::kToken>>,
+                                       kvc::FullPrecisionWindow<40, 3>>;
+/// LogQuant with a small W: its set evicts and moves slots within a few dozen tokens.
+using LogW5 = kvc::schemes::LogQuant<2, 5, 32>;
+/// KIVI-4 per-token values on 64-token blocks, 4-bit (float-FMA value path).
+using Kivi4B64 = kvc::schemes::Kivi<4, 64, 64>;
+using RotKiviOdd = kvc::schemes::Rotated<KiviOdd>;
+}  // namespace sch
+
+/// The plain scheme, the same with AlignedLoader<> (real tiers) and with every tier forced to 16.
+template <class Plain>
+struct LoaderTriple {
+  using plain = Plain;
+  using aligned = kvc::schemes::AlignedWindow<Plain>;
+  using full = kvc::schemes::AlignedWindow<Plain, kvc::AlignedLoader<99, 99, 99, 99>>;
+};
+template <> inline constexpr const char* scheme_name<LoaderTriple<sch::Kivi2>> = "Kivi2";
+template <> inline constexpr const char* scheme_name<LoaderTriple<sch::KiviOdd>> = "KiviOdd";
+template <> inline constexpr const char* scheme_name<LoaderTriple<sch::LogW5>> = "LogW5";
+template <> inline constexpr const char* scheme_name<LoaderTriple<sch::LogQuant2>> = "LogQuant2";
+template <> inline constexpr const char* scheme_name<LoaderTriple<sch::Kivi4B64>> = "Kivi4B64";
+template <> inline constexpr const char* scheme_name<LoaderTriple<sch::RotKiviOdd>> = "RotKiviOdd";
+}  // namespace kvc_test
+
+namespace {
+
+using namespace kvc_test;
+
+// ------------------------------------------------------------------------------------------------ planes
+TEST(SlotPlanes, EveryBitPatternRoundTripsAndTruncatesLikeAlignedKV) {
+  for (bool keys : {true, false}) {
+    std::vector<std::uint8_t> buf(2 * 4 * 6, 0);
+    const kvc::aligned::SlotPlanes sp{buf.data(), 4, 6, keys};
+    // neighbours of element (1, 3) hold a fixed pattern that must survive every write
+    for (int s = 0; s < 4; ++s)
+      for (int c = 0; c < 6; ++c) sp.set_bits(s, c, std::uint16_t(0x5A5A + 97 * (s * 6 + c)));
+    for (std::uint32_t b = 0; b < 65536; ++b) {
+      sp.set_bits(1, 3, std::uint16_t(b));
+      ASSERT_EQ(sp.bits(1, 3, 16), b);
+      ASSERT_EQ(sp.bits(1, 3, 12), kvc::aligned::truncate(std::uint16_t(b), 12));
+      ASSERT_EQ(sp.bits(1, 3, 8), kvc::aligned::truncate(std::uint16_t(b), 8));
+    }
+    for (int s = 0; s < 4; ++s)
+      for (int c = 0; c < 6; ++c)
+        if (s != 1 || c != 3) {
+          ASSERT_EQ(sp.bits(s, c), std::uint16_t(0x5A5A + 97 * (s * 6 + c))) << s << " " << c;
+        }
+    sp.copy_row(1, 2);
+    for (int c = 0; c < 6; ++c) ASSERT_EQ(sp.bits(2, c), sp.bits(1, c));
+  }
+}
+
+TEST(SlotPlanes, AssembledRunsEqualTheTruncatedElements) {
+  std::mt19937 rng(7);
+  for (bool keys : {true, false}) {
+    const int stride = 32, d = 16;
+    std::vector<std::uint8_t> buf(2 * stride * d);
+    for (auto& x : buf) x = std::uint8_t(rng());
+    const kvc::aligned::SlotPlanes sp{buf.data(), stride, d, keys};
+    for (int tier : {8, 12, 16}) {
+      // a key channel's slots, or a value row's channels: one contiguous run of the planes
+      const int c = 5, slot = 9;
+      const int n = keys ? stride : d;
+      const std::size_t at = keys ? sp.index(0, c) : sp.index(slot, 0);
+      std::vector<kvc::half_t> out(std::size_t(n), kvc::half_t{0xFFFF});
+      kvc::aligned::assemble_run(tier, sp.hi() + at, sp.mid() + at / 2, sp.lo() + at / 2, n, out.data());
+      for (int i = 0; i < n; ++i)
+        ASSERT_EQ(out[std::size_t(i)].bits, keys ? sp.bits(i, c, tier) : sp.bits(slot, i, tier)) << tier << " " << i;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ caches
+template <class T>
+class AlignedWindow : public ::testing::Test {};
+using Triples = ::testing::Types<LoaderTriple<sch::Kivi2>, LoaderTriple<sch::KiviOdd>, LoaderTriple<sch::LogW5>,
+                                 LoaderTriple<sch::LogQuant2>, LoaderTriple<sch::Kivi4B64>, LoaderTriple<sch::RotKiviOdd>>;
+TYPED_TEST_SUITE(AlignedWindow, Triples, SchemeNames);
+
+/// Both caches filled alike: ragged lengths across the window / set and block boundaries, sequences
+/// appended token by token, in chunks and at once.
+template <class A, class B>
+void fill_twins(A& a, B& b, const kvc::CacheConfig& cfg, const std::vector<int>& lengths, std::uint64_t seed) {
+  for (int l = 0; l < cfg.layers; ++l)
+    for (int s = 0; s < cfg.batch; ++s) {
+      const KV x = random_kv(lengths[std::size_t(s)], cfg.kv_heads, cfg.head_dim, seed + 131u * l + s);
+      const int chunk = s % 3 == 0 ? 1 : s % 3 == 1 ? 17 : 0;
+      append_kv(a, l, s, x, chunk);
+      append_kv(b, l, s, x, chunk);
+    }
+}
+
+TYPED_TEST(AlignedWindow, HoldsAndCountsExactlyWhatThePlainSchemeHolds) {
+  using Plain = typename TypeParam::plain;
+  using Aligned = typename TypeParam::aligned;
+  static_assert(Aligned::layout::kAlignedWindow && !Plain::layout::kAlignedWindow);
+  const std::vector<int> lengths = {1, 2, 37, 70, 131, 190, 333};
+  const kvc::CacheConfig cfg{2, int(lengths.size()), 2, 64, 400};
+  Plain p(cfg);
+  Aligned a(cfg);
+  fill_twins(p, a, cfg, lengths, 11);
+  for (int l = 0; l < cfg.layers; ++l) {
+    for (int s = 0; s < cfg.batch; ++s) {
+      ASSERT_EQ(a.length(l, s), lengths[std::size_t(s)]);
+      const auto dp = dequantize(p, l, s), da = dequantize(a, l, s);
+      ASSERT_EQ(dp.k, da.k) << "layer " << l << " seq " << s;
+      ASSERT_EQ(dp.v, da.v) << "layer " << l << " seq " << s;
+    }
+    ASSERT_EQ(p.stored_bytes(l), a.stored_bytes(l));
+    ASSERT_EQ(p.decode_read_bytes(l), a.decode_read_bytes(l));
+  }
+  ASSERT_EQ(p.bits_per_element(), a.bits_per_element());
+  ASSERT_LE(p.allocated_bytes(), a.allocated_bytes());  // the planes' stride rounds up to the block
+  // clear() and reuse: the next sequence's slots start from stale planes, which must not leak in
+  p.clear(3);
+  a.clear(3);
+  const KV y = random_kv(90, cfg.kv_heads, cfg.head_dim, 99);
+  append_kv(p, 1, 3, y, 5);
+  append_kv(a, 1, 3, y, 5);
+  ASSERT_EQ(dequantize(p, 1, 3).k, dequantize(a, 1, 3).k);
+  ASSERT_EQ(dequantize(p, 1, 3).v, dequantize(a, 1, 3).v);
+}
+
+TYPED_TEST(AlignedWindow, BadInputIsRejectedAndLeavesTheCacheUnchanged) {
+  using Aligned = typename TypeParam::aligned;
+  const kvc::CacheConfig cfg{1, 1, 2, 64, 100};
+  Aligned a(cfg);
+  const KV x = random_kv(60, 2, 64, 5);
+  append_kv(a, 0, 0, x, 7);
+  const auto before = dequantize(a, 0, 0);
+  KV bad = random_kv(3, 2, 64, 6);
+  bad.v[bad.at(1, 1, 4)] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THROW(a.append(0, 0, bad.kview(0, 3), bad.vview(0, 3)), kvc::Error);
+  bad.v[bad.at(1, 1, 4)] = 1e6f;  // beyond fp16
+  EXPECT_THROW(a.append(0, 0, bad.kview(0, 3), bad.vview(0, 3)), kvc::Error);
+  const KV big = random_kv(41, 2, 64, 8);  // past the capacity
+  EXPECT_THROW(a.append(0, 0, big.kview(0, 41), big.vview(0, 41)), kvc::Error);
+  ASSERT_EQ(a.length(0, 0), 60);
+  ASSERT_EQ(dequantize(a, 0, 0).k, before.k);
+  ASSERT_EQ(dequantize(a, 0, 0).v, before.v);
+}
+
+TYPED_TEST(AlignedWindow, WithEveryTierAt16AttentionEqualsThePlainScheme) {
+  using Plain = typename TypeParam::plain;
+  using Full = typename TypeParam::full;
+  for (int d : {64, 128})
+    for (int g : {1, 4}) {
+      SCOPED_TRACE("d " + std::to_string(d) + " g " + std::to_string(g));
+      const std::vector<int> lengths = {3, 45, 170, 290};
+      const kvc::CacheConfig cfg{1, int(lengths.size()), 2, d, 300};
+      Plain p(cfg);
+      Full a(cfg);
+      fill_twins(p, a, cfg, lengths, 21 + d + g);
+      const int Hq = 2 * g;
+      const auto q = random_query(cfg.batch, Hq, d, 77);
+      double maxv = 0.0;
+      for (int s = 0; s < cfg.batch; ++s) maxv = std::max(maxv, max_abs(dequantize(p, 0, s).v));
+      KVC_FOR_EACH_ISA(isa) {
+        SCOPED_TRACE(kvc::isa_name(isa));
+        for (auto prec : {kvc::Precision::kExact, kvc::Precision::kFast}) {
+          kvc::AttentionOptions o;
+          o.precision = prec;
+          o.min_blocks_per_split = 1;
+          // the window's rows are summed in slot order here, in storage order there: fp32 reassociation only
+          ASSERT_LE(max_abs_diff(fused(a, 0, q, cfg.batch, Hq, o), fused(p, 0, q, cfg.batch, Hq, o)), 2e-6 * maxv);
+        }
+      }
+    }
+}
+
+/// The window of (layer, seq) truncated as the kernel's rules decide (DecodeKernel::aligned_window), from the
+/// same AlignedLoader functions: key tiers per channel from the softmax-scaled query and the live slots' Kmax,
+/// value tiers per chunk of Block slots (a softmax partition) from the chunk's probabilities. Counts the tiers.
+template <class Cache>
+Dequant<Cache> truncated_window(const Cache& c, int layer, int seq, const float* q, int Hq, std::size_t (&tiers)[3]) {
+  using Sel = typename Cache::selector;
+  using Loader = typename Cache::layout::loader;
+  constexpr int B = Cache::kBlockTokens;
+  const auto& cfg = c.config();
+  const int n = c.length(layer, seq), d = cfg.head_dim, H = cfg.kv_heads, g = Hq / H;
+  auto r = dequantize(c, layer, seq);
+  const int nb = Sel::quantized_blocks(n, B), nfp = kvc::detail::fp_tokens<Sel>(n, B);
+  std::vector<int> pos(static_cast<std::size_t>(kvc::detail::stored_rows<Sel>(n, B)));
+  Sel::positions(n, B, pos.data());
+  std::vector<std::pair<int, int>> live;  // (slot, position), in slot order
+  for (int i = 0; i < nfp; ++i) live.emplace_back(Sel::fp_slot(n, i, B), pos[std::size_t(nb) * B + i]);
+  std::sort(live.begin(), live.end());
+  const float scale = kvc::detail::query_scale(kvc::AttentionOptions{}, d);
+  // A rotated cache stores (and the kernel reads) rotated rows, and rotates the scaled query the same way:
+  // the rules see those. Rotating dequantize()'s rows back recovers the stored fp16 rows (rounding to fp16
+  // absorbs the transforms' fp32 error); the truncated rows are un-rotated again for the oracle.
+  using Rot = typename Cache::rotation;
+  const auto prm = c.params(layer);
+  for (int t = 0; t < n; ++t)
+    for (int h = 0; h < H; ++h) {
+      float* kr = r.k.data() + (std::size_t(t) * H + h) * d;
+      float* vr = r.v.data() + (std::size_t(t) * H + h) * d;
+      if constexpr (Rot::kKeys) Rot::rotate(true, prm.rotation, h, d, kr);
+      if constexpr (Rot::kValues) Rot::rotate(false, prm.rotation, h, d, vr);
+    }
+  auto bits = [&](const std::vector<float>& x, int t, int h, int ch) {
+    return kvc::half_t::from_float(x[(std::size_t(t) * H + h) * d + ch]).bits;
+  };
+  auto tier_index = [](int t) { return t == 8 ? 0 : t == 12 ? 1 : 2; };
+  for (int kh = 0; kh < H; ++kh) {
+    std::vector<float> qs(std::size_t(g) * d);
+    for (int i = 0; i < g * d; ++i) qs[std::size_t(i)] = q[std::size_t(kh) * g * d + i] * scale;
+    if constexpr (Rot::kKeys)
+      for (int h = 0; h < g; ++h) Rot::rotate(true, prm.rotation, kh, d, qs.data() + std::size_t(h) * d);
+    std::vector<std::uint8_t> kmax(std::size_t(d), 0), vmax(std::size_t(d), 0), ktier(static_cast<std::size_t>(d));
+    for (auto [slot, t] : live)
+      for (int ch = 0; ch < d; ++ch) {
+        kmax[std::size_t(ch)] = std::max<std::uint8_t>(kmax[std::size_t(ch)], kvc::aligned::fp16_field(bits(r.k, t, kh, ch)));
+        vmax[std::size_t(ch)] = std::max<std::uint8_t>(vmax[std::size_t(ch)], kvc::aligned::fp16_field(bits(r.v, t, kh, ch)));
+      }
+    Loader::key_tiers(qs.data(), g, d, kmax.data(), ktier.data());
+    for (auto [slot, t] : live)
+      for (int ch = 0; ch < d; ++ch) {
+        const std::size_t at = (std::size_t(t) * H + kh) * d + ch;
+        r.k[at] = kvc::detail::half_bits_to_float(kvc::aligned::truncate(bits(r.k, t, kh, ch), ktier[std::size_t(ch)]));
+        ++tiers[tier_index(ktier[std::size_t(ch)])];
+      }
+    for (std::size_t i0 = 0; i0 < live.size();) {
+      std::size_t i1 = i0;
+      while (i1 < live.size() && live[i1].first / B == live[i0].first / B) ++i1;
+      const int m = int(i1 - i0);
+      std::vector<float> p(std::size_t(g) * m);
+      std::vector<int> ref(static_cast<std::size_t>(g));
+      std::vector<float> est(static_cast<std::size_t>(d));
+      for (int h = 0; h < g; ++h) {
+        std::vector<double> sc(static_cast<std::size_t>(m));
+        double mx = -1e300, sum = 0.0;
+        for (int k = 0; k < m; ++k) {
+          double a = 0.0;
+          for (int ch = 0; ch < d; ++ch)
+            a += double(qs[std::size_t(h) * d + ch]) * r.k[(std::size_t(live[i0 + k].second) * H + kh) * d + ch];
+          sc[std::size_t(k)] = a;
+          mx = std::max(mx, a);
+        }
+        for (int k = 0; k < m; ++k) sum += std::exp2(sc[std::size_t(k)] - mx);
+        for (int k = 0; k < m; ++k) p[std::size_t(h) * m + k] = float(std::exp2(sc[std::size_t(k)] - mx) / sum);
+        ref[std::size_t(h)] = Loader::estimate_reference(
+            p.data() + std::size_t(h) * m, m, d, vmax.data(),
+            [&](int k, int ch) { return kvc::aligned::truncate(bits(r.v, live[i0 + k].second, kh, ch), 8); }, est.data());
+      }
+      for (int k = 0; k < m; ++k) {
+        const int tier = Loader::value_tier(p.data() + k, std::size_t(m), g, ref.data());
+        ++tiers[tier_index(tier)];
+        const int t = live[i0 + std::size_t(k)].second;
+        for (int ch = 0; ch < d; ++ch)
+          r.v[(std::size_t(t) * H + kh) * d + ch] = kvc::detail::half_bits_to_float(kvc::aligned::truncate(bits(r.v, t, kh, ch), tier));
+      }
+      i0 = i1;
+    }
+  }
+  // Every row back to the original basis: the window's truncated rows and the blocks' (re-rotated) rows alike.
+  for (int t = 0; t < n; ++t)
+    for (int h = 0; h < H; ++h) {
+      float* kr = r.k.data() + (std::size_t(t) * H + h) * d;
+      float* vr = r.v.data() + (std::size_t(t) * H + h) * d;
+      if constexpr (Rot::kKeys) Rot::unrotate(true, prm.rotation, h, d, kr);
+      if constexpr (Rot::kValues) Rot::unrotate(false, prm.rotation, h, d, vr);
+    }
+  return r;
+}
+
+TYPED_TEST(AlignedWindow, RealTiersMatchTheOracleOnTheTruncatedWindow) {
+  using Plain = typename TypeParam::plain;
+  using Aligned = typename TypeParam::aligned;
+  {
+    std::size_t tiers[3] = {0, 0, 0};
+    for (int d : {64, 128})
+      for (int g : {1, 2, 4}) {
+        SCOPED_TRACE("d " + std::to_string(d) + " g " + std::to_string(g));
+        const std::vector<int> lengths = {2, 33, 64, 130, 177, 290};
+        const kvc::CacheConfig cfg{1, int(lengths.size()), 2, d, 300};
+        Plain p(cfg);
+        Aligned a(cfg);
+        fill_twins(p, a, cfg, lengths, 5 + d * g);
+        const int Hq = 2 * g;
+        const auto q = random_query(cfg.batch, Hq, d, 31 + g, 2.0f);  // peaked probabilities: value tiers vary
+        std::vector<float> want(q.size()), full(q.size());
+        double maxv = 0.0;
+        for (int s = 0; s < cfg.batch; ++s) {
+          const float* qs = q.data() + std::size_t(s) * Hq * d;
+          const auto tw = truncated_window(a, 0, s, qs, Hq, tiers);
+          const auto dv = dequantize(p, 0, s);
+          maxv = std::max(maxv, max_abs(dv.v));
+          kvc::reference::decode_attention(qs, Hq, tw.k.data(), tw.v.data(), lengths[std::size_t(s)], 2, d,
+                                           want.data() + std::size_t(s) * Hq * d);
+          kvc::reference::decode_attention(qs, Hq, dv.k.data(), dv.v.data(), lengths[std::size_t(s)], 2, d,
+                                           full.data() + std::size_t(s) * Hq * d);
+        }
+        const double truncation = max_abs_diff(want, full);
+        KVC_FOR_EACH_ISA(isa) {
+          SCOPED_TRACE(kvc::isa_name(isa));
+          kvc::AttentionOptions o;
+          o.precision = kvc::Precision::kExact;
+          o.min_blocks_per_split = 1;
+          const auto got = fused(a, 0, q, cfg.batch, Hq, o);
+          const double err = max_abs_diff(got, want);
+          // fp32 scores of peaked softmaxes (|logits| in the hundreds) against the double oracle
+          ASSERT_LE(err, 2e-5 * maxv) << "truncation effect " << truncation;
+          // the kernel truncated: it is nearer the truncated window's attention than the exact one's
+          if (truncation > 1e-4 * maxv) {
+            ASSERT_LT(err, 0.1 * truncation);
+          }
+        }
+      }
+    // the rules chose every tier somewhere (else this test would not see them)
+    EXPECT_GT(tiers[0], 0u);
+    EXPECT_GT(tiers[1], 0u);
+    EXPECT_GT(tiers[2], 0u);
+  }
+}
+
+}  // namespace
