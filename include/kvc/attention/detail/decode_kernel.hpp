@@ -537,6 +537,14 @@ class DecodeKernel {
       for (int h = 0; h < g_; ++h)  // the live slots' scores to the front (in place: arows[k] - j0 >= k)
         for (int k = 0; k < m; ++k) s.sc[std::size_t(h) * B + k] = s.sc[std::size_t(h) * B + s.arows[k] - j0];
       softmax_update(s, it, m);
+      // The live rows at tier 8 as |float| (s.wrow [m][d], converted once for every head), then per head the
+      // estimate over its TopK candidates (AlignedLoader::estimate_reference's sum, vectorised) and its reference.
+      for (int k = 0; k < m; ++k) {
+        const std::size_t at = std::size_t(s.arows[k]) * d;
+        aligned::assemble_run<8>(vp.hi() + at, nullptr, nullptr, d, s.abits + std::size_t(k) * d);
+        for (int c = 0; c < d; c += N)
+          abs(F::load(s.abits + std::size_t(k) * d + c)).store(s.wrow + std::size_t(k) * d + c);
+      }
       for (int h = 0; h < g_; ++h) {
         const float* w = s.sc + std::size_t(h) * B;
         float* p = s.aprob + std::size_t(h) * B;
@@ -544,8 +552,14 @@ class DecodeKernel {
         for (int k = 0; k < m; ++k) sum += w[k];
         const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // all underflowed: every row adds nothing (tier 8)
         for (int k = 0; k < m; ++k) p[k] = w[k] * inv;
-        s.aref[h] = Loader::estimate_reference(
-            p, m, d, vmax, [&](int t, int c) { return vp.bits(s.arows[t], c, 8); }, s.aest);
+        int cand[Loader::kTopK];
+        const int nc = Loader::top_candidates(p, m, cand);
+        for (int c = 0; c < d; c += N) {
+          F e = F::zero();
+          for (int i = 0; i < nc; ++i) e = fma(F::set1(p[cand[i]]), F::load(s.wrow + std::size_t(cand[i]) * d + c), e);
+          e.store(s.aest + c);
+        }
+        s.aref[h] = Loader::value_reference(s.aest, d, vmax);
       }
       for (int k = 0; k < m; ++k) {
         const std::size_t at = std::size_t(s.arows[k]) * d;
