@@ -491,6 +491,10 @@ const int registered = [] {
   benchmark::RegisterBenchmark("BM_DecodeAttention/aligned_fp16_tier16",
                                BM_DecodeAttentionAligned<kvc::CompressedKVCache<kvc::AlignedLoader<99, 99, 99, 99>>>)
       ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
+  // AlignedKV over other schemes' fp16 parts: KIVI-2's 128-token window and LogQuant's set stored as slot planes,
+  // read at the tiers AlignedKV's rules give (the bytes counter counts every plane: an upper bound).
+  register_scheme<kvc::schemes::AlignedWindow<kvc::schemes::Kivi2>>("kivi2_aligned");
+  register_scheme<kvc::schemes::AlignedWindow<kvc::schemes::LogQuant2>>("logquant2_aligned");
   // QAQ at ~3 bits per element as kivi2 (its attention reads the records; its width update runs every step).
   benchmark::RegisterBenchmark("BM_DecodeAttention/qaq", BM_DecodeAttentionQaq<kvc::Precision::kFast>)
       ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);

@@ -33,6 +33,12 @@ std::vector<SchemeEntry> schemes_a() {
                               "PartialLogQuant 2-bit: G 64, keys log set W = 64 (<= 192 fp16), values newest 64 fp16"),
       entry<PartialLogQuant<2, 42>>("partiallogquant2-w42",
                                     "PartialLogQuant 2-bit, W = 42: LogQuant2's key set, values newest 42 fp16"),
+      // AlignedKV over their fp16 parts (aligned/slot_planes.hpp): the same bytes stored, the window / set read at
+      // the tiers AlignedKV's rules give.
+      entry<AlignedWindow<Kivi2>>("kivi2-aligned", "kivi2 with its fp16 window read by AlignedKV's rules (slot planes)"),
+      entry<AlignedWindow<Kivi4>>("kivi4-aligned", "kivi4 with its fp16 window read by AlignedKV's rules (slot planes)"),
+      entry<AlignedWindow<LogQuant2>>("logquant2-aligned",
+                                      "logquant2 with its fp16 set read by AlignedKV's rules (slot planes)"),
       entry<Kivi2Budget126>("kivi2-g64-w126", "KIVI 2-bit on LogQuant2's quantizer and budget: G 64, 126-token window"),
       entry<Kivi<4, 64, 126>>("kivi4-g64-w126", "KIVI 4-bit, G 64, 126-token window (LogQuant4's side-by-side)"),
       entry<CompressedKVCache<keys<GroupQuantizer<2, 64, Axis::kChannel>>, values<GroupQuantizer<2, 64, Axis::kToken>>,
