@@ -15,6 +15,7 @@
 #pragma once
 
 #include <kvc/config.hpp>
+#include <kvc/aligned/aligned_loader.hpp>
 #include <kvc/core/numeric.hpp>
 
 #include <cstddef>
@@ -40,17 +41,15 @@ struct SlotPlanes {
   [[nodiscard]] KVC_HOST_DEVICE std::uint16_t bits(int slot, int c, int tier = 16) const noexcept {
     const std::size_t i = index(slot, c);
     const int sh = int(i % 2) * 4;
-    return std::uint16_t(unsigned(hi()[i]) << 8 |
-                         (tier == 8 ? 0x80u
-                                    : ((unsigned(mid()[i / 2]) >> sh & 0xFu) << 4 |
-                                       (tier == 12 ? 0x8u : unsigned(lo()[i / 2]) >> sh & 0xFu))));
+    return assemble(hi()[i], std::uint8_t(mid()[i / 2] >> sh & 0xFu), std::uint8_t(lo()[i / 2] >> sh & 0xFu), tier);
   }
   KVC_HOST_DEVICE void set_bits(int slot, int c, std::uint16_t b) const noexcept {
     const std::size_t i = index(slot, c);
     const int sh = int(i % 2) * 4;
-    hi()[i] = std::uint8_t(b >> 8);
-    mid()[i / 2] = std::uint8_t((mid()[i / 2] & (0xF0u >> sh)) | ((b >> 4 & 0xFu) << sh));
-    lo()[i / 2] = std::uint8_t((lo()[i / 2] & (0xF0u >> sh)) | ((b & 0xFu) << sh));
+    const unsigned keep = 0xF0u >> sh;  // the other element's nibble of the shared byte
+    hi()[i] = hi8(b);
+    mid()[i / 2] = std::uint8_t((mid()[i / 2] & keep) | unsigned(mid4(b)) << sh);
+    lo()[i / 2] = std::uint8_t((lo()[i / 2] & keep) | unsigned(lo4(b)) << sh);
   }
   /// Stores row `slot` (d values, rounded to fp16 as StorageTraits<half_t> does).
   KVC_HOST_DEVICE void store_row(int slot, const float* x) const noexcept {

@@ -732,7 +732,7 @@ class DecodeKernel {
       // NH*JT = 8, one set leaves the FMA latency exposed) where the registers hold both sets, the JT loaded
       // vectors and the broadcast query; otherwise one set (AVX2 with 4 heads: 19 > 16 registers would spill
       // accumulators on every channel).
-      constexpr int E = 2 * NH * JT + JT + 1 <= simd::kVecRegs ? 2 : 1;
+      constexpr int E = simd::fits_regs(2 * NH * JT, JT) ? 2 : 1;
       for (int j = 0; j < B; j += N * JT) {
         F a[E][NH][JT];
         for (int e = 0; e < E; ++e)
@@ -1145,7 +1145,7 @@ class DecodeKernel {
         for (int h = 0; h < NH; ++h)
           for (int k = 0; k < CT; ++k) a[h][k].store(it.acc + std::size_t(h0 + h) * d + c + k * N);
       };
-      constexpr int kCT = NH * 8 + 9 <= simd::kVecRegs ? 8 : NH * 4 + 5 <= simd::kVecRegs ? 4 : 2;
+      constexpr int kCT = simd::fits_regs(NH * 8, 8) ? 8 : simd::fits_regs(NH * 4, 4) ? 4 : 2;
       int c = 0;
       for (; c + kCT * N <= d; c += kCT * N) pass.template operator()<kCT>(c);
       for (; c < d; c += N) pass.template operator()<1>(c);

@@ -21,6 +21,9 @@ inline constexpr int kVecRegs = 32;
 #else
 inline constexpr int kVecRegs = 16;
 #endif
+/// Whether a register tile fits kVecRegs: `acc` accumulators, `loads` vectors loaded per step and the one
+/// broadcast operand they are multiplied by.
+constexpr bool fits_regs(int acc, int loads) noexcept { return acc + loads + 1 <= kVecRegs; }
 
 // 2^x for x in [-126, 126] (inputs below are clamped, so 2^-inf ~ 2^-126 * 0 terms vanish):
 // round to nearest integer n, f = x - n in [-0.5, 0.5], 2^f by its degree-6 Taylor series
