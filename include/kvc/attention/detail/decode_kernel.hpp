@@ -1130,11 +1130,14 @@ class DecodeKernel {
         F a[NH][CT];
         for (int h = 0; h < NH; ++h)
           for (int k = 0; k < CT; ++k) a[h][k] = F::load(it.acc + std::size_t(h0 + h) * d + c + k * N);
-        // One prefetch step per 64 bytes read (see float_key_dot).
+        // One prefetch step per 64 bytes read (see float_key_dot): a token's kRowBytes may be less than a line
+        // (AVX2 fp16: 32 bytes), then every kLineT-th token steps.
         using Elem = std::remove_cvref_t<decltype(*row(0))>;
-        constexpr int kLineSteps = std::max<int>(1, int(CT * N * sizeof(Elem)) / 64);
+        constexpr int kRowBytes = int(CT * N * sizeof(Elem));
+        constexpr int kLineSteps = std::max(1, kRowBytes / 64), kLineT = std::max(1, 64 / kRowBytes);
         for (int t = 0; t < n; ++t) {
-          for (int k = 0; k < kLineSteps; ++k) s.prefetch_step();
+          if (kLineT == 1 || t % kLineT == 0)
+            for (int k = 0; k < kLineSteps; ++k) s.prefetch_step();
           F v[CT];
           for (int k = 0; k < CT; ++k) v[k] = F::load(row(t) + c + k * N);
           for (int h = 0; h < NH; ++h) {
