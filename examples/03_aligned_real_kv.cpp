@@ -3,11 +3,16 @@
 //
 //   03_aligned_real_kv [dump-file [max-read-fraction max-attn-error]]
 //   03_aligned_real_kv --sweep [dump-file]
+//   03_aligned_real_kv --window [dump-file [max-attn-error]]
 //
 // With the two limits (the test suite's use), exits 3 when the bytes read over all layers exceed
 // max-read-fraction of fp16's or the mean attention error exceeds max-attn-error.
 // --sweep measures AlignedLoader's tier thresholds (template parameters, SPEC A1) around the default 4 / 8
 // binades: one summary row per threshold set (bytes read, bits, attention error, Table 1's tails).
+// --window measures AlignedLoader over other schemes' fp16 slots (schemes::AlignedWindow<Kivi2>, <LogQuant2>):
+// the slot planes' bytes read against the same slots in fp16, the step's bytes against the plain scheme's
+// decode_read_bytes, and the attention output's error against the plain scheme's (exits 3 when a scheme's mean
+// error exceeds max-attn-error).
 //
 // The dump (kvc/io/kv_dump.hpp, written by kvc-eval --dump-kv) holds post-RoPE keys, values and queries of some
 // layers. For every dumped layer the cache is built as an engine builds it (at query position t it holds tokens
@@ -26,6 +31,7 @@
 #include <kvc/aligned/decode_attention.hpp>
 #include <kvc/attention/reference.hpp>
 #include <kvc/io/kv_dump.hpp>
+#include <kvc/schemes.hpp>
 
 #include <algorithm>
 #include <array>
@@ -66,6 +72,20 @@ float trunc(float x, int tier) {
 }
 double rel(double a, double ref) { return ref != 0.0 ? std::fabs(a - ref) / std::fabs(ref) : (a == 0.0 ? 0.0 : 1.0); }
 
+/// ||out_h - ref_h|| / ||ref_h|| of every query head h of one step ([Hq][d] rows), added to sum / worst / n.
+void head_errors(const std::vector<float>& out, const std::vector<float>& ref, int Hq, int d, double& sum,
+                 double& worst, int& n) {
+  for (int h = 0; h < Hq; ++h) {
+    double e = 0.0, r = 0.0;
+    for (int c = 0; c < d; ++c) {
+      const double x = out[std::size_t(h) * d + c], y = ref[std::size_t(h) * d + c];
+      e += (x - y) * (x - y), r += y * y;
+    }
+    const double x = r > 0.0 ? std::sqrt(e / r) : std::sqrt(e);
+    sum += x, worst = std::max(worst, x), ++n;
+  }
+}
+
 /// Everything one threshold set measures over all dumped layers.
 struct Summary {
   Bins qk, sv;
@@ -104,15 +124,7 @@ Summary measure(const kvc::io::KVDump& dump, bool print) {
       kf.resize(std::size_t(len) * H * d), vf.resize(kf.size());
       cache.dequantize(0, 0, kf.data(), vf.data());
       kvc::reference::decode_attention(q.data, Hq, kf.data(), vf.data(), len, H, d, ref.data());
-      for (int h = 0; h < Hq; ++h) {
-        double e = 0.0, r = 0.0;
-        for (int c = 0; c < d; ++c) {
-          const double a = out[std::size_t(h) * d + c], b = ref[std::size_t(h) * d + c];
-          e += (a - b) * (a - b), r += b * b;
-        }
-        const double x = r > 0.0 ? std::sqrt(e / r) : std::sqrt(e);
-        err_sum += x, err_worst = std::max(err_worst, x), ++nerr;
-      }
+      head_errors(out, ref, Hq, d, err_sum, err_worst, nerr);
       read += double(st.total_bytes());
       full += double(len) * H * d * 2 * 2;
       bits += st.average_bits(), ++npos;
@@ -191,6 +203,45 @@ void sweep_row(const kvc::io::KVDump& dump) {
   std::fflush(stdout);
 }
 
+/// AlignedLoader<> over Plain's full-precision slots, on every dumped layer built position by position, against
+/// Plain itself: one table row. Returns the mean attention error against Plain's.
+template <class Plain>
+double window_row(const kvc::io::KVDump& dump, const char* name) {
+  using Aligned = kvc::schemes::AlignedWindow<Plain>;
+  const int T = dump.tokens, H = dump.kv_heads, Hq = dump.q_heads, d = dump.head_dim;
+  double planes = 0.0, slots = 0.0, total = 0.0, plain = 0.0, err_sum = 0.0, err_worst = 0.0, bits = 0.0;
+  int nerr = 0, npos = 0;
+  for (std::size_t i = 0; i < dump.layers.size(); ++i) {
+    const kvc::KVView K = dump.keys(i), V = dump.values(i);
+    const kvc::CacheConfig cfg{1, 1, H, d, T};
+    Plain p(cfg);
+    Aligned a(cfg);
+    std::vector<float> out(std::size_t(Hq) * d), ref(out.size());
+    int len = 0;
+    for (int t = std::min(kEvery, T) - 1;; t = std::min(t + kEvery, T - 1)) {
+      const kvc::KVView k{K.row(len, 0), t + 1 - len, H, d, K.stride0, K.stride1};
+      const kvc::KVView v{V.row(len, 0), t + 1 - len, H, d, V.stride0, V.stride1};
+      p.append(0, 0, k, v);
+      a.append(0, 0, k, v);
+      len = t + 1;
+      const kvc::QueryView q = dump.queries(i, t);
+      kvc::aligned::ReadStats st;
+      kvc::decode_attention(a, 0, q, kvc::OutputView::contiguous(out.data(), 1, Hq, d), {}, &st);
+      kvc::decode_attention(p, 0, q, kvc::OutputView::contiguous(ref.data(), 1, Hq, d));
+      const int nfp = kvc::detail::fp_tokens<typename Plain::selector>(len, Plain::kBlockTokens);
+      planes += double(st.key_bytes + st.value_bytes), slots += double(nfp) * H * d * 2 * 2;
+      total += double(st.total_bytes()), plain += double(p.decode_read_bytes(0));
+      if (nfp > 0) bits += st.average_bits(), ++npos;
+      head_errors(out, ref, Hq, d, err_sum, err_worst, nerr);
+      if (t == T - 1) break;
+    }
+  }
+  std::printf("| %s | %.3f | %.2f | %.4f | %.2e | %.2e |\n", name, planes / slots, bits / std::max(npos, 1),
+              total / plain, err_sum / nerr, err_worst);
+  std::fflush(stdout);
+  return err_sum / nerr;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -198,8 +249,17 @@ int main(int argc, char** argv) {
   std::string path;
   double max_read = 0.0, max_err = 0.0;
   const bool sweep = argc >= 2 && std::string(argv[1]) == "--sweep";
-  if (sweep) ++argv, --argc;
-  if (argc == 4 && !sweep) {
+  const bool window = argc >= 2 && std::string(argv[1]) == "--window";
+  if (sweep || window) ++argv, --argc;
+  if (window && argc == 3) {
+    max_err = std::atof(argv[2]);
+    if (!(max_err > 0.0)) {
+      std::fprintf(stderr, "03_aligned_real_kv: the error limit must be a positive number\n");
+      return 2;
+    }
+    argc = 2;
+  }
+  if (argc == 4 && !sweep && !window) {
     max_read = std::atof(argv[2]), max_err = std::atof(argv[3]);
     if (!(max_read > 0.0) || !(max_err > 0.0)) {
       std::fprintf(stderr, "03_aligned_real_kv: limits must be positive numbers\n");
@@ -233,6 +293,19 @@ int main(int argc, char** argv) {
     sweep_row<3, 7, 3, 7>(dump);
     sweep_row<2, 6, 2, 6>(dump);
     sweep_row<1, 5, 1, 5>(dump);
+    return 0;
+  }
+  if (window) {
+    std::printf("| scheme | slot planes read / their fp16 | average bits | step read / plain scheme's | attn rel. error "
+                "vs plain, mean | worst |\n|---|---:|---:|---:|---:|---:|\n");
+    const double worst = std::max({window_row<kvc::schemes::Kivi2>(dump, "kivi2-aligned"),
+                                   window_row<kvc::schemes::Kivi4>(dump, "kivi4-aligned"),
+                                   window_row<kvc::schemes::LogQuant2>(dump, "logquant2-aligned")});
+    if (max_err > 0.0 && worst > max_err) {
+      std::fprintf(stderr, "03_aligned_real_kv: mean attention error against the plain scheme %.2e (limit %.2e)\n",
+                   worst, max_err);
+      return 3;
+    }
     return 0;
   }
   using Loader = kvc::AlignedLoader<>;

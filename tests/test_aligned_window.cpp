@@ -5,6 +5,8 @@
 // truncated as the rules decide (replicated here from the same AlignedLoader functions).
 #include "test_util.hpp"
 
+#include <set>
+
 namespace kvc_test {
 namespace sch {
 /// KIVI-2 with an odd window and sink (ring and sink slots not a multiple of the block).
@@ -175,15 +177,38 @@ TYPED_TEST(AlignedWindow, WithEveryTierAt16AttentionEqualsThePlainScheme) {
           // the window's rows are summed in slot order here, in storage order there: fp32 reassociation only
           ASSERT_LE(max_abs_diff(fused(a, 0, q, cfg.batch, Hq, o), fused(p, 0, q, cfg.batch, Hq, o)), 2e-6 * maxv);
         }
+        // At tier 16 every live value row is read whole, and the rest is what the plain scheme's step reads: the
+        // total is the plain scheme's decode_read_bytes plus the keys' dead slots (the Kmax scan reads every slot).
+        kvc::aligned::ReadStats read;
+        std::vector<float> out(q.size());
+        kvc::AttentionOptions o;
+        o.isa = isa;
+        kvc::decode_attention(a, 0, kvc::QueryView::contiguous(q.data(), cfg.batch, Hq, d),
+                              kvc::OutputView::contiguous(out.data(), cfg.batch, Hq, d), o, &read);
+        std::size_t live = 0;
+        for (int s = 0; s < cfg.batch; ++s)
+          live += std::size_t(kvc::detail::fp_tokens<typename Full::selector>(lengths[std::size_t(s)], Full::kBlockTokens));
+        EXPECT_EQ(read.value_bytes, std::size_t(cfg.kv_heads) * live * d * 2);
+        EXPECT_EQ(read.value_tiers[2], std::size_t(cfg.kv_heads) * live * d);
+        EXPECT_EQ(read.key_tiers[0] + read.key_tiers[1] + read.value_tiers[0] + read.value_tiers[1], 0u);
+        EXPECT_GE(read.key_tiers[2], std::size_t(cfg.kv_heads) * live * d);
+        EXPECT_EQ(read.average_bits(), 16.0);
+        EXPECT_GE(read.total_bytes(), p.decode_read_bytes(0));
+        EXPECT_LE(read.total_bytes(), p.decode_read_bytes(0) + std::size_t(cfg.kv_heads) * cfg.batch * 2 *
+                                                                  Full::layout::kFpStride * d);
       }
     }
 }
 
 /// The window of (layer, seq) truncated as the kernel's rules decide (DecodeKernel::aligned_window), from the
 /// same AlignedLoader functions: key tiers per channel from the softmax-scaled query and the live slots' Kmax,
-/// value tiers per chunk of Block slots (a softmax partition) from the chunk's probabilities. Counts the tiers.
+/// value tiers per chunk of Block slots (a softmax partition) from the chunk's probabilities. Counts the tiers,
+/// and adds to `read` the planes' bytes and elements the kernel reads for them (the Kmax scan: hi8 of every
+/// slot's key; each chunk holding a live slot: its B slots' key nibbles at their channels' tiers; hi8 of every
+/// live value row, plus its nibbles at its tier).
 template <class Cache>
-Dequant<Cache> truncated_window(const Cache& c, int layer, int seq, const float* q, int Hq, std::size_t (&tiers)[3]) {
+Dequant<Cache> truncated_window(const Cache& c, int layer, int seq, const float* q, int Hq, std::size_t (&tiers)[3],
+                                kvc::aligned::ReadStats& read) {
   using Sel = typename Cache::selector;
   using Loader = typename Cache::layout::loader;
   constexpr int B = Cache::kBlockTokens;
@@ -225,6 +250,17 @@ Dequant<Cache> truncated_window(const Cache& c, int layer, int seq, const float*
         vmax[std::size_t(ch)] = std::max<std::uint8_t>(vmax[std::size_t(ch)], kvc::aligned::fp16_field(bits(r.v, t, kh, ch)));
       }
     Loader::key_tiers(qs.data(), g, d, kmax.data(), ktier.data());
+    if (nfp > 0) {
+      std::set<int> chunks;
+      for (auto [slot, t] : live) chunks.insert(slot / B);
+      read.key_bytes += std::size_t(d) * Cache::layout::kFpStride;
+      read.value_bytes += std::size_t(nfp) * d;
+      for (int ch = 0; ch < d; ++ch) {
+        const int kt = ktier[std::size_t(ch)];
+        read.key_tiers[tier_index(kt)] += chunks.size() * B;
+        read.key_bytes += chunks.size() * B * std::size_t(kt - 8) / 8;
+      }
+    }
     for (auto [slot, t] : live)
       for (int ch = 0; ch < d; ++ch) {
         const std::size_t at = (std::size_t(t) * H + kh) * d + ch;
@@ -257,6 +293,8 @@ Dequant<Cache> truncated_window(const Cache& c, int layer, int seq, const float*
       for (int k = 0; k < m; ++k) {
         const int tier = Loader::value_tier(p.data() + k, std::size_t(m), g, ref.data());
         ++tiers[tier_index(tier)];
+        read.value_tiers[tier_index(tier)] += std::size_t(d);
+        read.value_bytes += std::size_t(d) * (tier - 8) / 8;
         const int t = live[i0 + std::size_t(k)].second;
         for (int ch = 0; ch < d; ++ch)
           r.v[(std::size_t(t) * H + kh) * d + ch] = kvc::detail::half_bits_to_float(kvc::aligned::truncate(bits(r.v, t, kh, ch), tier));
@@ -292,9 +330,13 @@ TYPED_TEST(AlignedWindow, RealTiersMatchTheOracleOnTheTruncatedWindow) {
         const auto q = random_query(cfg.batch, Hq, d, 31 + g, 2.0f);  // peaked probabilities: value tiers vary
         std::vector<float> want(q.size()), full(q.size());
         double maxv = 0.0;
+        kvc::aligned::ReadStats want_read;
+        std::size_t window_bytes = 0;  // the slots' fp16 K and V, as decode_read_bytes counts them
         for (int s = 0; s < cfg.batch; ++s) {
           const float* qs = q.data() + std::size_t(s) * Hq * d;
-          const auto tw = truncated_window(a, 0, s, qs, Hq, tiers);
+          const auto tw = truncated_window(a, 0, s, qs, Hq, tiers, want_read);
+          window_bytes += std::size_t(cfg.kv_heads) * kvc::detail::fp_tokens<typename Aligned::selector>(
+                              lengths[std::size_t(s)], Aligned::kBlockTokens) * 2 * d * 2;
           const auto dv = dequantize(p, 0, s);
           maxv = std::max(maxv, max_abs(dv.v));
           kvc::reference::decode_attention(qs, Hq, tw.k.data(), tw.v.data(), lengths[std::size_t(s)], 2, d,
@@ -312,6 +354,22 @@ TYPED_TEST(AlignedWindow, RealTiersMatchTheOracleOnTheTruncatedWindow) {
           const double err = max_abs_diff(got, want);
           // fp32 scores of peaked softmaxes (|logits| in the hundreds) against the double oracle
           ASSERT_LE(err, 2e-5 * maxv) << "truncation effect " << truncation;
+          // what the call reports it read: the replicated planes' bytes, and the rest as decode_read_bytes has it
+          kvc::aligned::ReadStats read;
+          read.other_bytes = 12345;  // overwritten
+          std::vector<float> out(q.size());
+          o.isa = isa;
+          kvc::decode_attention(a, 0, kvc::QueryView::contiguous(q.data(), cfg.batch, Hq, d),
+                                kvc::OutputView::contiguous(out.data(), cfg.batch, Hq, d), o, &read);
+          ASSERT_EQ(out, got);
+          EXPECT_EQ(read.key_bytes, want_read.key_bytes);
+          EXPECT_EQ(read.value_bytes, want_read.value_bytes);
+          for (int i = 0; i < 3; ++i) {
+            EXPECT_EQ(read.key_tiers[i], want_read.key_tiers[i]) << "tier index " << i;
+            EXPECT_EQ(read.value_tiers[i], want_read.value_tiers[i]) << "tier index " << i;
+          }
+          EXPECT_EQ(read.estimate_bytes + read.staged_bytes + read.meta_bytes, 0u);
+          EXPECT_EQ(read.other_bytes, a.decode_read_bytes(0) - window_bytes);
           // the kernel truncated: it is nearer the truncated window's attention than the exact one's
           if (truncation > 1e-4 * maxv) {
             ASSERT_LT(err, 0.1 * truncation);

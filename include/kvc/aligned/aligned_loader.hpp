@@ -82,10 +82,12 @@ struct ReadStats {
   std::size_t estimate_bytes = 0;  ///< hi8 rows of the value estimate's candidates (Rule 2), per query head
   std::size_t staged_bytes = 0;    ///< fp16 K and V of the staged tokens (read whole)
   std::size_t meta_bytes = 0;      ///< Kmax / Vmax exponents (one byte per channel and side)
+  std::size_t other_bytes = 0;     ///< read whole beside the planes (AlignedLoader over a scheme's slots: its
+                                   ///< quantized blocks, metadata and corrections); 0 for AlignedKV's own cache
   /// Elements read at tier 8, 12, 16 (index 0, 1, 2): key elements of the blocks, value elements of the rows.
   std::size_t key_tiers[3] = {0, 0, 0}, value_tiers[3] = {0, 0, 0};
   [[nodiscard]] std::size_t total_bytes() const noexcept {
-    return key_bytes + value_bytes + estimate_bytes + staged_bytes + meta_bytes;
+    return key_bytes + value_bytes + estimate_bytes + staged_bytes + meta_bytes + other_bytes;
   }
   /// Average leading bits loaded per planar element (the paper's Fig. 9), keys and values together.
   [[nodiscard]] double average_bits() const noexcept {
@@ -96,7 +98,7 @@ struct ReadStats {
   }
   ReadStats& operator+=(const ReadStats& o) noexcept {
     key_bytes += o.key_bytes, value_bytes += o.value_bytes, estimate_bytes += o.estimate_bytes;
-    staged_bytes += o.staged_bytes, meta_bytes += o.meta_bytes;
+    staged_bytes += o.staged_bytes, meta_bytes += o.meta_bytes, other_bytes += o.other_bytes;
     for (int i = 0; i < 3; ++i) key_tiers[i] += o.key_tiers[i], value_tiers[i] += o.value_tiers[i];
     return *this;
   }

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <kvc/config.hpp>
+#include <kvc/aligned/aligned_loader.hpp>
 #include <kvc/attention/split_merge.hpp>
 #include <kvc/cache/cache_layout.hpp>
 #include <kvc/core/aligned_buffer.hpp>
@@ -102,11 +103,21 @@ struct WorkItem {
   bool fp;
 };
 
+/// Floats of one work item's result: [group] running max, [group] running sum, [group][head_dim] unnormalised
+/// output, then (a layout whose AlignedLoader reads the selector's slots) the item's aligned::ReadStats, copied in
+/// and out with memcpy.
+template <class Layout>
+std::size_t item_floats(int group, int head_dim) noexcept {
+  std::size_t n = std::size_t(group) * (head_dim + 2);
+  if constexpr (Layout::kAlignedWindow) n += (sizeof(aligned::ReadStats) + sizeof(float) - 1) / sizeof(float);
+  return n;
+}
+
 /// The kernel entry points of one (layout, precision, SIMD path).
 template <class Layout>
 struct KernelFns {
   std::size_t (*scratch_floats)(const typename Layout::Params&, int group);
-  /// result: [group] running max, [group] running sum, [group][head_dim] unnormalised output.
+  /// result: item_floats<Layout>(group, head_dim) floats.
   void (*run)(const typename Layout::Params&, int group, const float* q, const WorkItem&, float* scratch,
               float* result);
 };
@@ -267,11 +278,11 @@ std::vector<int> checked_lengths(const Cache& cache, int layer, QueryView q, Out
 }  // namespace detail
 
 
-/// Decode attention over one layer of a cache's Params (the low-level entry point).
-/// q, out: [sequences][query_heads][head_dim], sequences <= batch; query_heads a multiple of kv_heads.
-/// Sequence i attends to the cache's sequence i, which must hold at least one token.
+namespace detail {
+/// decode_attention over Params; stats (kAlignedWindow layouts only, may be null): set to the planes read.
 template <class Layout>
-void decode_attention(const typename Layout::Params& p, QueryView q, OutputView out, const AttentionOptions& opt = {}) {
+void run_decode_attention(const typename Layout::Params& p, QueryView q, OutputView out, const AttentionOptions& opt,
+                          aligned::ReadStats* stats) {
   detail::check_decode_inputs(p.batch, p.kv_heads, p.head_dim, p.lengths, q, out);
   const Isa isa = validate(opt);
 
@@ -302,7 +313,7 @@ void decode_attention(const typename Layout::Params& p, QueryView q, OutputView 
   }
   first_item.back() = static_cast<int>(work.size());
 
-  const std::size_t item_floats = std::size_t(g) * (d + 2);
+  const std::size_t item_floats = detail::item_floats<Layout>(g, d);
   AlignedBuffer<float> results(work.size() * item_floats);
   const AlignedBuffer<float> qscaled = detail::rotated_query<Layout>(p, detail::scaled_query(q, scale), q, g);
   const std::size_t scratch_floats = fns.scratch_floats(p, g);
@@ -360,12 +371,57 @@ void decode_attention(const typename Layout::Params& p, QueryView q, OutputView 
           Layout::rotation::unrotate(false, p.rotation, kh, d, out.row(s, kh * g + h));
       }
     }
+  if constexpr (Layout::kAlignedWindow)
+    if (stats) {
+      *stats = aligned::ReadStats{};
+      for (int i = 0; i < nwork; ++i) {
+        aligned::ReadStats r;
+        std::memcpy(&r, results.data() + std::size_t(i) * item_floats + std::size_t(g) * (d + 2), sizeof r);
+        *stats += r;
+      }
+    }
+  (void)stats;
+}
+}  // namespace detail
+
+/// Decode attention over one layer of a cache's Params (the low-level entry point).
+/// q, out: [sequences][query_heads][head_dim], sequences <= batch; query_heads a multiple of kv_heads.
+/// Sequence i attends to the cache's sequence i, which must hold at least one token.
+template <class Layout>
+void decode_attention(const typename Layout::Params& p, QueryView q, OutputView out, const AttentionOptions& opt = {}) {
+  detail::run_decode_attention<Layout>(p, q, out, opt, nullptr);
 }
 
 /// Decode attention over `layer` of a CompressedKVCache (or anything with `params(layer)` and `layout`).
 template <class Cache>
 void decode_attention(const Cache& cache, int layer, QueryView q, OutputView out, const AttentionOptions& opt = {}) {
   decode_attention<typename Cache::layout>(cache.params(layer), q, out, opt);
+}
+
+/// The same over a cache whose selector's full-precision slots an AlignedLoader reads (schemes::AlignedWindow),
+/// with `stats` (may be null) set to what the step read: the slot planes at the tiers the rules chose
+/// (key_bytes, value_bytes, key_tiers, value_tiers; hi8 of every slot's key and of every live value row, which
+/// also serve Kmax / Vmax and the value estimate, counted once) and, in other_bytes, what it reads whole: the
+/// quantized blocks with their metadata and corrections, as decode_read_bytes counts them for the attended
+/// sequences.
+template <class Cache>
+  requires Cache::layout::kAlignedWindow
+void decode_attention(const Cache& cache, int layer, QueryView q, OutputView out, const AttentionOptions& opt,
+                      aligned::ReadStats* stats) {
+  using L = typename Cache::layout;
+  detail::run_decode_attention<L>(cache.params(layer), q, out, opt, stats);
+  if (stats) {
+    // decode_read_bytes of the attended sequences, less their full-precision slots (2 bytes per element).
+    const auto& cfg = cache.config();
+    std::vector<int> lengths(std::size_t(cfg.batch), 0);
+    std::size_t slots = 0;
+    for (int s = 0; s < q.dim0; ++s) {
+      lengths[std::size_t(s)] = cache.length(layer, s);
+      slots += std::size_t(detail::fp_tokens<typename L::selector>(lengths[std::size_t(s)], L::kBlockTokens));
+    }
+    stats->other_bytes = Cache::rules::stored_bytes(cfg, lengths.data()) -
+                         std::size_t(cfg.kv_heads) * slots * 2 * std::size_t(cfg.head_dim) * sizeof(half_t);
+  }
 }
 }  // namespace kvc
 KVC_SUPPRESS_INTRINSIC_WARNINGS_END

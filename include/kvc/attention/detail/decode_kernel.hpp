@@ -44,6 +44,7 @@ class DecodeKernel {
     float* m;    // [g] running max (log2 domain)
     float* l;    // [g] running sum
     float* acc;  // [g][d] unnormalised output
+    aligned::ReadStats* read = nullptr;  // Layout::kAlignedWindow: what aligned_window read (added to)
   };
 
   DecodeKernel(const P& p, int group) : p_(p), g_(group), d_(p.head_dim) {}
@@ -496,7 +497,8 @@ class DecodeKernel {
   ///    over the chunk, the estimate from its TopK candidates' hi8 rows (AlignedLoader::estimate_reference),
   ///    Vmax over the live slots; every live row is put together at its tier (AlignedLoader::value_tier) and
   ///    summed like the fp16 window's rows.
-  /// Only the planes a tier asks for are read; hi8 of every live element always.
+  /// Only the planes a tier asks for are read; hi8 of every live element always. it.read (non-null): the planes'
+  /// bytes this read are added to it, each byte once.
   void aligned_window(Scratch& s, Item& it, int seq, int kvh) const {
     using Loader = typename Layout::loader;
     constexpr int S = Layout::kFpStride;
@@ -522,6 +524,8 @@ class DecodeKernel {
       }
     for (int c = 0; c < d; ++c) vmax[c] = std::uint8_t(vmax[c] >> 2);
     Loader::key_tiers(s.qf, g_, d, kmax, ktier);
+    aligned::ReadStats* rd = it.read;
+    if (rd) rd->key_bytes += std::size_t(d) * S, rd->value_bytes += std::size_t(nfp) * d;  // the hi8 scans above
     for (int h = 0; h < g_; ++h) s.bias[h] = 0.0f;
 
     for (int j0 = 0; j0 < S; j0 += B) {
@@ -532,6 +536,10 @@ class DecodeKernel {
       for (int c = 0; c < d; ++c) {
         const std::size_t at = std::size_t(c) * S + j0;
         aligned::assemble_run(ktier[c], kp.hi() + at, kp.mid() + at / 2, kp.lo() + at / 2, B, s.abits + std::size_t(c) * B);
+        if (rd) {  // the chunk's B slots of channel c (dead ones too): their nibbles, (tier - 8) / 8 bytes each
+          rd->key_tiers[(ktier[c] - 8) / 4] += B;
+          rd->key_bytes += std::size_t(B * (ktier[c] - 8) / 8);
+        }
       }
       float_key_dot(s, static_cast<const half_t*>(s.abits), s.qf, 0, d, nullptr, nullptr, true);
       for (int h = 0; h < g_; ++h)  // the live slots' scores to the front (in place: arows[k] - j0 >= k)
@@ -563,8 +571,12 @@ class DecodeKernel {
       }
       for (int k = 0; k < m; ++k) {
         const std::size_t at = std::size_t(s.arows[k]) * d;
-        aligned::assemble_run(Loader::value_tier(s.aprob + k, B, g_, s.aref), vp.hi() + at, vp.mid() + at / 2,
-                              vp.lo() + at / 2, d, s.abits + std::size_t(k) * d);
+        const int tier = Loader::value_tier(s.aprob + k, B, g_, s.aref);
+        aligned::assemble_run(tier, vp.hi() + at, vp.mid() + at / 2, vp.lo() + at / 2, d, s.abits + std::size_t(k) * d);
+        if (rd) {  // the row's nibbles (its hi8 counted by the Vmax scan)
+          rd->value_tiers[(tier - 8) / 4] += std::size_t(d);
+          rd->value_bytes += std::size_t(d * (tier - 8) / 8);
+        }
       }
       float_value_dot(s, it, m, [&](int k) { return static_cast<const half_t*>(s.abits + std::size_t(k) * d); });
     }
@@ -1167,7 +1179,14 @@ struct Entry {
   static std::size_t scratch_floats(const P& p, int group) { return DecodeKernel<Layout, Exact>(p, group).scratch_floats(); }
   static void run(const P& p, int group, const float* q, const WorkItem& w, float* scratch, float* result) {
     typename DecodeKernel<Layout, Exact>::Item it{result, result + group, result + 2 * group};
-    DecodeKernel<Layout, Exact>(p, group).run(q, w.seq, w.kvh, w.b0, w.b1, w.fp, scratch, it);
+    if constexpr (Layout::kAlignedWindow) {
+      aligned::ReadStats read{};
+      it.read = &read;
+      DecodeKernel<Layout, Exact>(p, group).run(q, w.seq, w.kvh, w.b0, w.b1, w.fp, scratch, it);
+      std::memcpy(result + std::size_t(group) * (p.head_dim + 2), &read, sizeof read);  // see item_floats
+    } else {
+      DecodeKernel<Layout, Exact>(p, group).run(q, w.seq, w.kvh, w.b0, w.b1, w.fp, scratch, it);
+    }
   }
 };
 }  // namespace kvc::detail::KVC_ISA_NS
