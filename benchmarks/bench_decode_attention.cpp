@@ -158,8 +158,9 @@ void BM_DecodeAttention(benchmark::State& state) {
 
 /// AlignedKV: the attention over fp16 bit planes; bytes_per_second counts the bytes it actually read (its
 /// aligned::ReadStats: planes at the chosen tiers, the value estimate's rows, staging, exponents; over a scheme's
-/// slots also the blocks it reads whole), planes_per_second decode_read_bytes (every plane byte: what a tier-16
-/// read takes), average_bits the leading bits loaded per planar element.
+/// slots also the blocks it reads whole), planes_per_second decode_read_bytes (AlignedKV's own cache: every plane
+/// byte, what a tier-16 read takes; over a scheme's slots: the plain scheme's bytes), average_bits the leading
+/// bits loaded per planar element.
 template <class Cache>
 void BM_DecodeAttentionAligned(benchmark::State& state) {
   const int tokens = static_cast<int>(state.range(0));
@@ -435,9 +436,10 @@ void register_append_decode(const char* name) {
       ->Unit(benchmark::kMillisecond);
 }
 
-template <class Cache>
+/// BM_DecodeAttention/<name> (through Decode), its -exact twin if asked, and BM_Append/<name>.
+template <class Cache, void (*Decode)(benchmark::State&) = BM_DecodeAttention<Cache>>
 void register_scheme(const char* name, bool exact_too = false) {
-  benchmark::RegisterBenchmark((std::string("BM_DecodeAttention/") + name).c_str(), BM_DecodeAttention<Cache>)
+  benchmark::RegisterBenchmark((std::string("BM_DecodeAttention/") + name).c_str(), Decode)
       ->ArgName("T")
       ->Arg(4096)
       ->Arg(32768)
@@ -495,12 +497,10 @@ const int registered = [] {
   // AlignedKV over other schemes' fp16 parts: KIVI-2's 128-token window and LogQuant's set stored as slot planes,
   // read at the tiers AlignedKV's rules give (bytes_per_second: what the step reported it read, aligned::ReadStats;
   // planes_per_second: decode_read_bytes, the plain scheme's bytes).
-  benchmark::RegisterBenchmark("BM_DecodeAttention/kivi2_aligned",
-                               BM_DecodeAttentionAligned<kvc::schemes::AlignedWindow<kvc::schemes::Kivi2>>)
-      ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("BM_DecodeAttention/logquant2_aligned",
-                               BM_DecodeAttentionAligned<kvc::schemes::AlignedWindow<kvc::schemes::LogQuant2>>)
-      ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
+  using Kivi2Aligned = kvc::schemes::AlignedWindow<kvc::schemes::Kivi2>;
+  using LogQuant2Aligned = kvc::schemes::AlignedWindow<kvc::schemes::LogQuant2>;
+  register_scheme<Kivi2Aligned, BM_DecodeAttentionAligned<Kivi2Aligned>>("kivi2_aligned");
+  register_scheme<LogQuant2Aligned, BM_DecodeAttentionAligned<LogQuant2Aligned>>("logquant2_aligned");
   // QAQ at ~3 bits per element as kivi2 (its attention reads the records; its width update runs every step).
   benchmark::RegisterBenchmark("BM_DecodeAttention/qaq", BM_DecodeAttentionQaq<kvc::Precision::kFast>)
       ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);

@@ -177,25 +177,31 @@ TYPED_TEST(AlignedWindow, WithEveryTierAt16AttentionEqualsThePlainScheme) {
           // the window's rows are summed in slot order here, in storage order there: fp32 reassociation only
           ASSERT_LE(max_abs_diff(fused(a, 0, q, cfg.batch, Hq, o), fused(p, 0, q, cfg.batch, Hq, o)), 2e-6 * maxv);
         }
-        // At tier 16 every live value row is read whole, and the rest is what the plain scheme's step reads: the
-        // total is the plain scheme's decode_read_bytes plus the keys' dead slots (the Kmax scan reads every slot).
+        // At tier 16: every live value row whole; every slot's hi8 key byte (the Kmax scan) and the nibbles of all
+        // B slots of each chunk holding a token; the rest what the plain scheme's step reads. Exact.
         kvc::aligned::ReadStats read;
         std::vector<float> out(q.size());
         kvc::AttentionOptions o;
         o.isa = isa;
         kvc::decode_attention(a, 0, kvc::QueryView::contiguous(q.data(), cfg.batch, Hq, d),
                               kvc::OutputView::contiguous(out.data(), cfg.batch, Hq, d), o, &read);
-        std::size_t live = 0;
-        for (int s = 0; s < cfg.batch; ++s)
-          live += std::size_t(kvc::detail::fp_tokens<typename Full::selector>(lengths[std::size_t(s)], Full::kBlockTokens));
-        EXPECT_EQ(read.value_bytes, std::size_t(cfg.kv_heads) * live * d * 2);
-        EXPECT_EQ(read.value_tiers[2], std::size_t(cfg.kv_heads) * live * d);
+        using Sel = typename Full::selector;
+        constexpr int B = Full::kBlockTokens, S = Full::layout::kFpStride;
+        std::size_t live = 0, chunk_slots = 0, strides = 0;
+        for (int s = 0; s < cfg.batch; ++s) {
+          const int n = lengths[std::size_t(s)], nfp = kvc::detail::fp_tokens<Sel>(n, B);
+          std::set<int> chunks;
+          for (int i = 0; i < nfp; ++i) chunks.insert(Sel::fp_slot(n, i, B) / B);
+          live += std::size_t(nfp), chunk_slots += chunks.size() * B, strides += nfp > 0 ? S : 0;
+        }
+        const std::size_t H = std::size_t(cfg.kv_heads);
+        EXPECT_EQ(read.value_bytes, H * live * d * 2);
+        EXPECT_EQ(read.value_tiers[2], H * live * d);
         EXPECT_EQ(read.key_tiers[0] + read.key_tiers[1] + read.value_tiers[0] + read.value_tiers[1], 0u);
-        EXPECT_GE(read.key_tiers[2], std::size_t(cfg.kv_heads) * live * d);
+        EXPECT_EQ(read.key_tiers[2], H * chunk_slots * d);
+        EXPECT_EQ(read.key_bytes, H * (strides + chunk_slots) * d);
         EXPECT_EQ(read.average_bits(), 16.0);
-        EXPECT_GE(read.total_bytes(), p.decode_read_bytes(0));
-        EXPECT_LE(read.total_bytes(), p.decode_read_bytes(0) + std::size_t(cfg.kv_heads) * cfg.batch * 2 *
-                                                                  Full::layout::kFpStride * d);
+        EXPECT_EQ(read.other_bytes, p.decode_read_bytes(0) - H * live * d * 2 * 2);
       }
     }
 }
@@ -330,13 +336,15 @@ TYPED_TEST(AlignedWindow, RealTiersMatchTheOracleOnTheTruncatedWindow) {
         const auto q = random_query(cfg.batch, Hq, d, 31 + g, 2.0f);  // peaked probabilities: value tiers vary
         std::vector<float> want(q.size()), full(q.size());
         double maxv = 0.0;
-        kvc::aligned::ReadStats want_read;
-        std::size_t window_bytes = 0;  // the slots' fp16 K and V, as decode_read_bytes counts them
+        // per sequence: the planes' counts replicated, the slots' fp16 K and V as decode_read_bytes counts them
+        std::vector<kvc::aligned::ReadStats> want_read(lengths.size());
+        std::vector<std::size_t> window_bytes(lengths.size());
         for (int s = 0; s < cfg.batch; ++s) {
           const float* qs = q.data() + std::size_t(s) * Hq * d;
-          const auto tw = truncated_window(a, 0, s, qs, Hq, tiers, want_read);
-          window_bytes += std::size_t(cfg.kv_heads) * kvc::detail::fp_tokens<typename Aligned::selector>(
-                              lengths[std::size_t(s)], Aligned::kBlockTokens) * 2 * d * 2;
+          const auto tw = truncated_window(a, 0, s, qs, Hq, tiers, want_read[std::size_t(s)]);
+          window_bytes[std::size_t(s)] = std::size_t(cfg.kv_heads) * 2 * d * 2 *
+                                         kvc::detail::fp_tokens<typename Aligned::selector>(lengths[std::size_t(s)],
+                                                                                             Aligned::kBlockTokens);
           const auto dv = dequantize(p, 0, s);
           maxv = std::max(maxv, max_abs(dv.v));
           kvc::reference::decode_attention(qs, Hq, tw.k.data(), tw.v.data(), lengths[std::size_t(s)], 2, d,
@@ -354,22 +362,37 @@ TYPED_TEST(AlignedWindow, RealTiersMatchTheOracleOnTheTruncatedWindow) {
           const double err = max_abs_diff(got, want);
           // fp32 scores of peaked softmaxes (|logits| in the hundreds) against the double oracle
           ASSERT_LE(err, 2e-5 * maxv) << "truncation effect " << truncation;
-          // what the call reports it read: the replicated planes' bytes, and the rest as decode_read_bytes has it
-          kvc::aligned::ReadStats read;
-          read.other_bytes = 12345;  // overwritten
-          std::vector<float> out(q.size());
-          o.isa = isa;
-          kvc::decode_attention(a, 0, kvc::QueryView::contiguous(q.data(), cfg.batch, Hq, d),
-                                kvc::OutputView::contiguous(out.data(), cfg.batch, Hq, d), o, &read);
-          ASSERT_EQ(out, got);
-          EXPECT_EQ(read.key_bytes, want_read.key_bytes);
-          EXPECT_EQ(read.value_bytes, want_read.value_bytes);
-          for (int i = 0; i < 3; ++i) {
-            EXPECT_EQ(read.key_tiers[i], want_read.key_tiers[i]) << "tier index " << i;
-            EXPECT_EQ(read.value_tiers[i], want_read.value_tiers[i]) << "tier index " << i;
+          // What the call reports it read: the replicated planes' bytes, and the rest as decode_read_bytes has it
+          // for the attended sequences. All of them, and the first nseq - 1 (fewer streams than threads: split
+          // work items, whose other parts count nothing); 4 threads split the streams on any host.
+          for (int nseq : {cfg.batch, cfg.batch - 1}) {
+            SCOPED_TRACE("nseq " + std::to_string(nseq));
+            kvc::aligned::ReadStats read, want_sum;
+            read.other_bytes = 12345;  // overwritten
+            std::vector<int> attended(lengths.begin(), lengths.begin() + nseq);
+            attended.resize(lengths.size(), 0);
+            std::size_t other = Aligned::rules::stored_bytes(cfg, attended.data());  // decode_read_bytes' count
+            if (nseq == cfg.batch) ASSERT_EQ(other, a.decode_read_bytes(0));
+            for (int s = 0; s < nseq; ++s) want_sum += want_read[std::size_t(s)], other -= window_bytes[std::size_t(s)];
+            std::vector<float> out(std::size_t(nseq) * Hq * d), quiet(out.size());
+            kvc::AttentionOptions o4 = o;
+            o4.isa = isa, o4.num_threads = 4;
+            kvc::decode_attention(a, 0, kvc::QueryView::contiguous(q.data(), nseq, Hq, d),
+                                  kvc::OutputView::contiguous(out.data(), nseq, Hq, d), o4, &read);
+            kvc::decode_attention(a, 0, kvc::QueryView::contiguous(q.data(), nseq, Hq, d),
+                                  kvc::OutputView::contiguous(quiet.data(), nseq, Hq, d), o4, nullptr);
+            ASSERT_EQ(out, quiet);  // counting changes nothing
+            ASSERT_LE(max_abs_diff(out, std::vector<float>(want.begin(), want.begin() + std::ptrdiff_t(out.size()))),
+                      2e-5 * maxv);
+            EXPECT_EQ(read.key_bytes, want_sum.key_bytes);
+            EXPECT_EQ(read.value_bytes, want_sum.value_bytes);
+            for (int i = 0; i < 3; ++i) {
+              EXPECT_EQ(read.key_tiers[i], want_sum.key_tiers[i]) << "tier index " << i;
+              EXPECT_EQ(read.value_tiers[i], want_sum.value_tiers[i]) << "tier index " << i;
+            }
+            EXPECT_EQ(read.estimate_bytes + read.staged_bytes + read.meta_bytes, 0u);
+            EXPECT_EQ(read.other_bytes, other);
           }
-          EXPECT_EQ(read.estimate_bytes + read.staged_bytes + read.meta_bytes, 0u);
-          EXPECT_EQ(read.other_bytes, a.decode_read_bytes(0) - window_bytes);
           // the kernel truncated: it is nearer the truncated window's attention than the exact one's
           if (truncation > 1e-4 * maxv) {
             ASSERT_LT(err, 0.1 * truncation);

@@ -113,7 +113,8 @@ template <class Cache>
 using RotatedValues = Rotated<Cache, RotateValues<Hadamard<>>>;
 /// Scheme `Cache` with its full-precision slots (KIVI's window and sink, LogQuant's set) stored as AlignedKV
 /// bit planes and read at the precision AlignedKV's rules give (aligned/slot_planes.hpp): the same bytes
-/// stored, fewer read. E.g. AlignedWindow<Kivi2>, AlignedWindow<LogQuant2>.
+/// stored; what a step reads is reported by decode_attention's aligned::ReadStats. E.g. AlignedWindow<Kivi2>,
+/// AlignedWindow<LogQuant2>.
 template <class Cache, class Loader = AlignedLoader<>>
 using AlignedWindow = typename detail::add_policies<Cache, Loader>::type;
 }  // namespace kvc::schemes

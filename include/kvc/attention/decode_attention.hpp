@@ -279,7 +279,8 @@ std::vector<int> checked_lengths(const Cache& cache, int layer, QueryView q, Out
 
 
 namespace detail {
-/// decode_attention over Params; stats (kAlignedWindow layouts only, may be null): set to the planes read.
+/// decode_attention over Params; stats (kAlignedWindow layouts only, may be null): set to the slot planes the
+/// kernels read (other_bytes 0: the cache-level overload fills it in).
 template <class Layout>
 void run_decode_attention(const typename Layout::Params& p, QueryView q, OutputView out, const AttentionOptions& opt,
                           aligned::ReadStats* stats) {

@@ -296,7 +296,8 @@ struct CacheRules {
   /// Bytes holding live data of one layer whose `cfg.batch` sequences hold lengths[s] tokens: codes,
   /// fp16 scales and zeros, block padding, correction regions, stream-scope outlier entries with their
   /// block offsets, full-precision tokens, the layer's rotation tables (when rotated and not empty).
-  /// One fused decode step over the layer reads exactly these.
+  /// One fused decode step over the layer reads exactly these (with an AlignedLoader over the slots, the slots'
+  /// planes at their tiers instead: aligned::ReadStats).
   static std::size_t stored_bytes(const CacheConfig& cfg, const int* lengths) {
     constexpr int B = L::kBlockTokens;
     const int d = cfg.head_dim;
