@@ -35,7 +35,8 @@
 // bits_per_element = stored bits per K/V element, everything counted; roofline = the step's bound (max of its
 // bytes at the bandwidth its cache flushes read at, read_gbs, and its products at their instruction's peak,
 // measured once in this process as BM_PeakMacs does) over its time, with the two bounds as roof_mem_ms and
-// roof_mac_ms (roofline.hpp; the SIMD paths only).
+// roof_mac_ms; read_share = bytes_per_second / read_gbs (the flushes run BM_MemoryRead's kernel, so this is the
+// step's share of BM_MemoryRead at the same moments) (roofline.hpp; the SIMD paths only).
 #include "bench_util.hpp"
 
 #include <kvc/kvc.hpp>
@@ -51,50 +52,19 @@
 #include <random>
 #include <vector>
 
-#if KVC_HAS_AVX512()
-#  include <immintrin.h>
-#endif
-
 namespace {
 
 using kvc_bench::kFlushBytes, kvc_bench::kKvHeads, kvc_bench::kGqa, kvc_bench::kHeadDim;
 using kvc_bench::make_kv, kvc_bench::fill, kvc_bench::build_cache, kvc_bench::bench_query;
 
-KVC_SUPPRESS_INTRINSIC_WARNINGS_BEGIN
+/// The read bandwidth: kvc_bench::read_pass over the 1 GiB read_buffer(), every thread (the kernel the decode rows'
+/// cache flushes run, so their read_gbs is this benchmark's bandwidth at those moments).
 void BM_MemoryRead(benchmark::State& state) {
-  const std::size_t n = kFlushBytes / sizeof(float);
-  kvc::AlignedBuffer<float> buf(n);
-  // values that differ from page to page (a page-periodic pattern could let a hypervisor merge the pages)
-  for (std::size_t i = 0; i < n; ++i) buf[i] = static_cast<float>(i % 1000003u);
-  for (auto _ : state) {
-    float total = 0.0f;
-#pragma omp parallel reduction(+ : total)
-    {
-#if KVC_HAS_AVX512()
-      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-#  pragma omp for schedule(static)
-      for (std::size_t i = 0; i < n; i += 64) {
-        a0 = _mm512_add_ps(a0, _mm512_load_ps(buf.data() + i));
-        a1 = _mm512_add_ps(a1, _mm512_load_ps(buf.data() + i + 16));
-        a2 = _mm512_add_ps(a2, _mm512_load_ps(buf.data() + i + 32));
-        a3 = _mm512_add_ps(a3, _mm512_load_ps(buf.data() + i + 48));
-      }
-      total += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-#else
-      float acc[16] = {};
-#  pragma omp for schedule(static)
-      for (std::size_t i = 0; i < n; i += 16)
-#  pragma omp simd
-        for (int j = 0; j < 16; ++j) acc[j] += buf[i + j];
-      for (float x : acc) total += x;
-#endif
-    }
-    benchmark::DoNotOptimize(total);
-  }
+  const auto& buf = kvc_bench::read_buffer();
+  for (auto _ : state) benchmark::DoNotOptimize(kvc_bench::read_pass(buf.data(), buf.size()));
   state.counters["bytes_per_second"] =
-      benchmark::Counter(static_cast<double>(n * sizeof(float)) * state.iterations(), benchmark::Counter::kIsRate);
+      benchmark::Counter(static_cast<double>(kFlushBytes) * state.iterations(), benchmark::Counter::kIsRate);
 }
-KVC_SUPPRESS_INTRINSIC_WARNINGS_END
 BENCHMARK(BM_MemoryRead)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 /// The roofline's compute side: kvc_bench::roofline::run_macs(m) on every thread.

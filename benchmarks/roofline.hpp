@@ -203,13 +203,15 @@ inline std::optional<Mac> int16_mac(kvc::Isa isa) {
 }
 
 /// Sets the counters roofline (the step's bound over its measured time: `seconds` for all iterations), roof_mem_ms
-/// and roof_mac_ms (the two bounds of one step) and read_gbs (the bandwidth the memory side used, GB/s) from the step's
-/// work; nothing on the portable path.
+/// and roof_mac_ms (the two bounds of one step), read_gbs (the bandwidth the memory side used, GB/s) and read_share
+/// (the step's bytes per second over read_gbs: its share of BM_MemoryRead's bandwidth at the same moments, free of
+/// the host's drift between benchmarks) from the step's work; nothing on the portable path.
 inline void set_counters(benchmark::State& state, const std::optional<Work>& w, double seconds, double read_bandwidth) {
   if (!w || state.iterations() == 0 || !(seconds > 0.0) || !(read_bandwidth > 0.0)) return;
   const Bound b = bound(*w, read_bandwidth);
   state.counters["roofline"] = b.seconds() * double(state.iterations()) / seconds;
   state.counters["read_gbs"] = 1e-9 * read_bandwidth;
+  state.counters["read_share"] = b.memory_s * double(state.iterations()) / seconds;
   state.counters["roof_mem_ms"] = 1e3 * b.memory_s;
   state.counters["roof_mac_ms"] = 1e3 * b.compute_s;
 }
