@@ -372,7 +372,9 @@ TYPED_TEST(AlignedWindow, RealTiersMatchTheOracleOnTheTruncatedWindow) {
             std::vector<int> attended(lengths.begin(), lengths.begin() + nseq);
             attended.resize(lengths.size(), 0);
             std::size_t other = Aligned::rules::stored_bytes(cfg, attended.data());  // decode_read_bytes' count
-            if (nseq == cfg.batch) ASSERT_EQ(other, a.decode_read_bytes(0));
+            if (nseq == cfg.batch) {
+              ASSERT_EQ(other, a.decode_read_bytes(0));
+            }
             for (int s = 0; s < nseq; ++s) want_sum += want_read[std::size_t(s)], other -= window_bytes[std::size_t(s)];
             std::vector<float> out(std::size_t(nseq) * Hq * d), quiet(out.size());
             kvc::AttentionOptions o4 = o;

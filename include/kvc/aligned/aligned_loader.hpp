@@ -35,6 +35,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace kvc {
 
@@ -86,6 +87,11 @@ struct ReadStats {
                                    ///< quantized blocks, metadata and corrections); 0 for AlignedKV's own cache
   /// Elements read at tier 8, 12, 16 (index 0, 1, 2): key elements of the blocks, value elements of the rows.
   std::size_t key_tiers[3] = {0, 0, 0}, value_tiers[3] = {0, 0, 0};
+  /// Counts n key (value) elements read at `tier` (8, 12, 16): their tier and their nibble planes' bytes, half a
+  /// byte per plane, n * (tier - 8) / 8. Their hi8 bytes are the caller's to count: a kernel reads them once for
+  /// several purposes (the Kmax / Vmax scans, the value estimate).
+  void count_keys(int tier, std::size_t n) noexcept { count(key_tiers, key_bytes, tier, n); }
+  void count_values(int tier, std::size_t n) noexcept { count(value_tiers, value_bytes, tier, n); }
   [[nodiscard]] std::size_t total_bytes() const noexcept {
     return key_bytes + value_bytes + estimate_bytes + staged_bytes + meta_bytes + other_bytes;
   }
@@ -102,7 +108,15 @@ struct ReadStats {
     for (int i = 0; i < 3; ++i) key_tiers[i] += o.key_tiers[i], value_tiers[i] += o.value_tiers[i];
     return *this;
   }
+
+ private:
+  static void count(std::size_t (&tiers)[3], std::size_t& bytes, int tier, std::size_t n) noexcept {
+    tiers[(tier - 8) / 4] += n;
+    bytes += n * std::size_t(tier - 8) / 8;
+  }
 };
+// The decode kernels carry it through their work items' float results by memcpy.
+static_assert(std::is_trivially_copyable_v<ReadStats>, "kvc: aligned::ReadStats must stay trivially copyable");
 }  // namespace aligned
 
 /// AlignedKV (SPEC §3): fp16 K/V in bit planes, read at per-element precision by decode attention.

@@ -104,11 +104,12 @@ struct WorkItem {
 };
 
 /// Floats of one work item's result: [group] running max, [group] running sum, [group][head_dim] unnormalised
-/// output, then (a layout whose AlignedLoader reads the selector's slots) the item's aligned::ReadStats, copied in
-/// and out with memcpy.
+/// output, then (a layout whose AlignedLoader reads the selector's slots) the item's aligned::ReadStats from float
+/// item_stats_offset on, copied in and out with memcpy.
+inline std::size_t item_stats_offset(int group, int head_dim) noexcept { return std::size_t(group) * (head_dim + 2); }
 template <class Layout>
 std::size_t item_floats(int group, int head_dim) noexcept {
-  std::size_t n = std::size_t(group) * (head_dim + 2);
+  std::size_t n = item_stats_offset(group, head_dim);
   if constexpr (Layout::kAlignedWindow) n += (sizeof(aligned::ReadStats) + sizeof(float) - 1) / sizeof(float);
   return n;
 }
@@ -377,7 +378,8 @@ void run_decode_attention(const typename Layout::Params& p, QueryView q, OutputV
       *stats = aligned::ReadStats{};
       for (int i = 0; i < nwork; ++i) {
         aligned::ReadStats r;
-        std::memcpy(&r, results.data() + std::size_t(i) * item_floats + std::size_t(g) * (d + 2), sizeof r);
+        std::memcpy(static_cast<void*>(&r), results.data() + std::size_t(i) * item_floats + item_stats_offset(g, d),
+                    sizeof r);  // trivially copyable (static_assert beside ReadStats)
         *stats += r;
       }
     }
@@ -412,16 +414,11 @@ void decode_attention(const Cache& cache, int layer, QueryView q, OutputView out
   using L = typename Cache::layout;
   detail::run_decode_attention<L>(cache.params(layer), q, out, opt, stats);
   if (stats) {
-    // decode_read_bytes of the attended sequences, less their full-precision slots (2 bytes per element).
+    // decode_read_bytes of the attended sequences, less their full-precision slots
     const auto& cfg = cache.config();
     std::vector<int> lengths(std::size_t(cfg.batch), 0);
-    std::size_t slots = 0;
-    for (int s = 0; s < q.dim0; ++s) {
-      lengths[std::size_t(s)] = cache.length(layer, s);
-      slots += std::size_t(detail::fp_tokens<typename L::selector>(lengths[std::size_t(s)], L::kBlockTokens));
-    }
-    stats->other_bytes = Cache::rules::stored_bytes(cfg, lengths.data()) -
-                         std::size_t(cfg.kv_heads) * slots * 2 * std::size_t(cfg.head_dim) * sizeof(half_t);
+    for (int s = 0; s < q.dim0; ++s) lengths[std::size_t(s)] = cache.length(layer, s);
+    stats->other_bytes = Cache::rules::stored_bytes(cfg, lengths.data()) - Cache::rules::slot_bytes(cfg, lengths.data());
   }
 }
 }  // namespace kvc

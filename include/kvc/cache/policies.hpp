@@ -314,16 +314,27 @@ struct CacheRules {
           if (L::kKeyStreamOutliers) table += L::stream_outliers::bytes(nb * B, d, true) + offsets;
           if (L::kValueStreamOutliers) table += L::stream_outliers::bytes(nb * B, d, false) + offsets;
         }
-      // Full-precision keys and exact values; PartialLogWindow's other values as quantized rows.
+      // The slots' full-precision keys and exact values; PartialLogWindow's other values as quantized rows.
       const std::size_t exact_values = std::size_t(L::exact_fp_values(lengths[s]));
-      const std::size_t rows = (fp_tokens + exact_values) * d * sizeof(typename L::window_t) +
-                               (fp_tokens - exact_values) * L::value_row_bytes(d);
+      const std::size_t rows = stream_slot_bytes(lengths[s], d) + (fp_tokens - exact_values) * L::value_row_bytes(d);
       total += std::size_t(cfg.kv_heads) * (nb * (KF::block_bytes(d) + VF::block_bytes(d)) + rows + table);
     }
     return total;
   }
+  /// The part of stored_bytes(cfg, lengths) in the selector's full-precision slots at window_t: every slot's key and
+  /// the values kept exact (what an AlignedLoader over the slots reads as planes instead).
+  static std::size_t slot_bytes(const CacheConfig& cfg, const int* lengths) {
+    std::size_t total = 0;
+    for (int s = 0; s < cfg.batch; ++s) total += stream_slot_bytes(lengths[s], cfg.head_dim);
+    return std::size_t(cfg.kv_heads) * total;
+  }
 
  private:
+  /// One stream of n tokens: its slots' keys and exact values, d elements of window_t each.
+  static std::size_t stream_slot_bytes(int n, int d) {
+    const std::size_t slots = std::size_t(detail::fp_tokens<typename L::selector>(n, L::kBlockTokens));
+    return (slots + std::size_t(L::exact_fp_values(n))) * std::size_t(d) * sizeof(typename L::window_t);
+  }
   template <class Q>
   static constexpr float side_limit() noexcept {
     if constexpr (Q::kIsIdentity) return StorageTraits<typename Q::storage>::kMax;

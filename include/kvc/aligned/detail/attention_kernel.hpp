@@ -472,10 +472,8 @@ bool run_stream(const StreamView& v, const float* q, const std::uint8_t* ktier, 
     }
   // what was read
   const std::size_t bt = std::size_t(v.blocks) * B;
-  for (int i = 0; i < 3; ++i)
-    stats.key_tiers[i] += kt[i] * bt, stats.value_tiers[i] += vt[i] * std::size_t(d);
-  stats.key_bytes += bt * d + (kt[1] + 2 * kt[2]) * bt / 2;
-  stats.value_bytes += std::size_t(full) * d + (vt[1] + 2 * vt[2]) * std::size_t(d) / 2;
+  for (int i = 0; i < 3; ++i) stats.count_keys(8 + 4 * i, kt[i] * bt), stats.count_values(8 + 4 * i, vt[i] * std::size_t(d));
+  stats.key_bytes += bt * d, stats.value_bytes += std::size_t(full) * d;  // hi8 of every block and every row
   stats.staged_bytes += std::size_t(staged) * d * 2 * sizeof(half_t);
   stats.meta_bytes += 2 * std::size_t(d);
   return ok;

@@ -536,10 +536,7 @@ class DecodeKernel {
       for (int c = 0; c < d; ++c) {
         const std::size_t at = std::size_t(c) * S + j0;
         aligned::assemble_run(ktier[c], kp.hi() + at, kp.mid() + at / 2, kp.lo() + at / 2, B, s.abits + std::size_t(c) * B);
-        if (rd) {  // the chunk's B slots of channel c (dead ones too): their nibbles, (tier - 8) / 8 bytes each
-          rd->key_tiers[(ktier[c] - 8) / 4] += B;
-          rd->key_bytes += std::size_t(B * (ktier[c] - 8) / 8);
-        }
+        if (rd) rd->count_keys(ktier[c], std::size_t(B));  // the chunk's B slots of channel c, dead ones too
       }
       float_key_dot(s, static_cast<const half_t*>(s.abits), s.qf, 0, d, nullptr, nullptr, true);
       for (int h = 0; h < g_; ++h)  // the live slots' scores to the front (in place: arows[k] - j0 >= k)
@@ -573,10 +570,7 @@ class DecodeKernel {
         const std::size_t at = std::size_t(s.arows[k]) * d;
         const int tier = Loader::value_tier(s.aprob + k, B, g_, s.aref);
         aligned::assemble_run(tier, vp.hi() + at, vp.mid() + at / 2, vp.lo() + at / 2, d, s.abits + std::size_t(k) * d);
-        if (rd) {  // the row's nibbles (its hi8 counted by the Vmax scan)
-          rd->value_tiers[(tier - 8) / 4] += std::size_t(d);
-          rd->value_bytes += std::size_t(d * (tier - 8) / 8);
-        }
+        if (rd) rd->count_values(tier, std::size_t(d));  // its hi8 counted with the Vmax scan
       }
       float_value_dot(s, it, m, [&](int k) { return static_cast<const half_t*>(s.abits + std::size_t(k) * d); });
     }
@@ -1183,7 +1177,7 @@ struct Entry {
       aligned::ReadStats read{};
       it.read = &read;
       DecodeKernel<Layout, Exact>(p, group).run(q, w.seq, w.kvh, w.b0, w.b1, w.fp, scratch, it);
-      std::memcpy(result + std::size_t(group) * (p.head_dim + 2), &read, sizeof read);  // see item_floats
+      std::memcpy(result + item_stats_offset(group, p.head_dim), &read, sizeof read);
     } else {
       DecodeKernel<Layout, Exact>(p, group).run(q, w.seq, w.kvh, w.b0, w.b1, w.fp, scratch, it);
     }

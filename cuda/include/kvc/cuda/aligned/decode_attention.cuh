@@ -101,11 +101,10 @@ void decode_attention(const DeviceAlignedCache<L>& cache, int layer, int nseq, i
   check(cudaMemcpyAsync(n, counters.data(), sizeof n, cudaMemcpyDeviceToHost, stream),
         "cudaMemcpyAsync (AlignedKV read statistics)");
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (AlignedKV read statistics)");
-  // key elements by tier: hi8 each, half a byte per nibble plane; value rows of D elements likewise
+  // key elements by tier, value rows of D elements by tier: hi8 each, plus their nibble planes
   *stats = known;
-  for (int i = 0; i < 3; ++i) stats->key_tiers[i] = std::size_t(n[i]), stats->value_tiers[i] = std::size_t(n[3 + i]) * D;
-  stats->key_bytes = std::size_t(n[0] + n[1] + n[2]) + std::size_t(n[1] + 2 * n[2]) / 2;
-  stats->value_bytes = std::size_t(n[3] + n[4] + n[5]) * D + std::size_t(n[4] + 2 * n[5]) * D / 2;
+  for (int i = 0; i < 3; ++i) stats->count_keys(8 + 4 * i, std::size_t(n[i])), stats->count_values(8 + 4 * i, std::size_t(n[3 + i]) * D);
+  stats->key_bytes += std::size_t(n[0] + n[1] + n[2]), stats->value_bytes += std::size_t(n[3] + n[4] + n[5]) * D;
 }
 
 /// The same, dispatching the cache's head dimension at run time to the kernels of `HeadDims...` (default
