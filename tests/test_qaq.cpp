@@ -336,8 +336,8 @@ TEST(QaqQuantizer, OutliersAreTheExtremesAndStayExact) {
 
 // Every width's code is the B_max code shifted; it is the midpoint code at that width (x in its bin), so
 // lowering by a shift equals quantizing at the lower width, and the error is <= step_b / 2.
-TEST(QaqQuantizer, LoweringIsAShiftAndEqualsQuantizingAtTheLowerWidth) {
-  using Q = kvc::QaqQuantizer<>;
+template <class Q>
+void lowering_is_a_shift_and_equals_quantizing_at_the_lower_width() {
   std::mt19937 rng(3);
   for (int d : {16, 64, 128, 256})
     for (float scale : {1e-6f, 3e-3f, 1.0f, 200.0f}) {  // 1e-6: fp16-subnormal steps
@@ -368,9 +368,18 @@ TEST(QaqQuantizer, LoweringIsAShiftAndEqualsQuantizingAtTheLowerWidth) {
       }
     }
 }
+// LogQ: the 2-byte metadata (qaq/meta_format.hpp); LogMeta's steps never go below 2^-14, so the 1e-6 rows
+// keep a larger step than fp16's subnormal one, and the bounds still hold against it.
+template <int BMin = 1, int BMax = 8, int OutlierPermille = 10, int Window = 5>
+using LogQ = kvc::QaqQuantizer<BMin, BMax, OutlierPermille, Window, kvc::qaq::PaperBounds, kvc::qaq::LogMeta>;
+TEST(QaqQuantizer, LoweringIsAShiftAndEqualsQuantizingAtTheLowerWidth) {
+  lowering_is_a_shift_and_equals_quantizing_at_the_lower_width<kvc::QaqQuantizer<>>();
+  lowering_is_a_shift_and_equals_quantizing_at_the_lower_width<LogQ<>>();
+  lowering_is_a_shift_and_equals_quantizing_at_the_lower_width<LogQ<1, 8, 0>>();
+}
 
-TEST(QaqQuantizer, RequantizingTheOriginalRestoresEveryWidthExactly) {
-  using Q = kvc::QaqQuantizer<2, 6>;
+template <class Q>
+void requantizing_the_original_restores_every_width_exactly() {
   std::mt19937 rng(8);
   const std::vector<float> x = fp16_row(rng, 128, 2.0f);
   const Coded a = code<Q>(x), b = code<Q>(x);  // the mirror is the same fp16 row
@@ -384,6 +393,85 @@ TEST(QaqQuantizer, RequantizingTheOriginalRestoresEveryWidthExactly) {
     EXPECT_EQ(low, Q::narrow(b.codes[std::size_t(i)], 2));
     EXPECT_EQ(Q::narrow(b.codes[std::size_t(i)], 5), a.codes[std::size_t(i)] >> 1);
   }
+}
+TEST(QaqQuantizer, RequantizingTheOriginalRestoresEveryWidthExactly) {
+  requantizing_the_original_restores_every_width_exactly<kvc::QaqQuantizer<2, 6>>();
+  requantizing_the_original_restores_every_width_exactly<LogQ<2, 6>>();
+}
+
+// LogMeta (2 bytes): every (e, n) that make_meta can write (n step_max <= 65504: it caps n so lo stays finite)
+// loads to a (lo, step_max) that stores back to the same bytes (e = 0 is step 0 with lo 0 whatever n); the grid
+// doubles every 8 codes and increases strictly.
+TEST(QaqMeta, LogMetaStoresEveryCodeBackToItsBytes) {
+  using M = kvc::qaq::LogMeta;
+  for (int e = 0; e <= M::kMaxCode; ++e) {
+    if (e > 1) {
+      ASSERT_GT(M::step_of(e).to_float(), M::step_of(e - 1).to_float()) << e;
+    }
+    if (e > 8) {
+      ASSERT_EQ(M::step_of(e).to_float(), 2.0f * M::step_of(e - 8).to_float()) << e;
+    }
+    for (int n = 0; n < 256; ++n) {
+      if (double(n) * M::step_of(e).to_float() > 65504.0) break;
+      const std::byte in[2] = {std::byte(e), std::byte(n)};
+      const kvc::QuantMeta m = M::load(in);
+      std::byte out[2];
+      M::store(out, m);
+      ASSERT_EQ(std::to_integer<int>(out[0]), e);
+      ASSERT_EQ(std::to_integer<int>(out[1]), e == 0 ? 0 : n) << e;
+      const kvc::QuantMeta back = M::load(out);
+      ASSERT_EQ(back.lo, m.lo);
+      ASSERT_EQ(back.step, m.step);
+    }
+  }
+  EXPECT_EQ(M::step_of(1).to_float(), std::ldexp(1.0f, -14));
+  EXPECT_EQ(M::step_of(M::kMaxCode).to_float(), std::ldexp(1.0f + 855.0f / 1024.0f, 15));
+  for (int j = 1; j < M::kPerBinade; ++j) {  // each rounded up, by less than one fp16 ulp
+    const double v = std::exp2(j / 8.0);
+    EXPECT_GE(1.0 + M::mantissa(j) / 1024.0, v) << j;
+    EXPECT_LT(1.0 + (M::mantissa(j) - 1) / 1024.0, v) << j;
+  }
+}
+
+// LogMeta's codec: the grid covers [min(lo, 0), max(hi, 0)] with 2^bits levels (lo16 <= lo, lo16 + 2^bits step
+// >= hi), lo16 is the stored -n step rounded down, and the step is the grid's smallest with 2^bits - 1.5 steps
+// over the range (at 1 bit ranges above 0.5 x the largest step, ~30,000, are past the grid: not checked); an
+// all-zero token gets step 0.
+TEST(QaqMeta, LogMetaCodecCoversTheRangeWithTheSmallestGridStep) {
+  using M = kvc::qaq::LogMeta;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f), e(-20.0f, 15.0f);
+  for (int i = 0; i < 20000; ++i)
+    for (int bits : {1, 3, 8}) {
+      const float scale = std::exp2(e(rng));
+      float lo = kvc::half_t::from_float(u(rng) * scale).to_float(), hi = kvc::half_t::from_float(u(rng) * scale).to_float();
+      if (i % 4 == 0) lo = std::min(lo, 0.0f), hi = std::max(hi, 0.0f);
+      if (lo > hi) std::swap(lo, hi);
+      const kvc::QuantMeta m = M::codec::make_meta(lo, hi, bits);
+      const double l = std::min(double(lo), 0.0), h = std::max(double(hi), 0.0), step = m.step.to_float();
+      std::byte st[2];
+      M::store(st, m);
+      const kvc::QuantMeta back = M::load(st);
+      ASSERT_EQ(back.lo, m.lo);
+      ASSERT_EQ(back.step, m.step);
+      if (h == l) {
+        ASSERT_EQ(step, 0.0);
+        continue;
+      }
+      if (h - l > double(M::step_of(M::kMaxCode).to_float()) * (std::ldexp(1.0, bits) - 1.5)) {
+        ASSERT_EQ(bits, 1);
+        continue;
+      }
+      ASSERT_LE(double(m.lo.to_float()), l) << lo << " " << hi << " " << bits;
+      ASSERT_GE(double(m.lo.to_float()) + std::ldexp(step, bits), h) << lo << " " << hi << " " << bits;
+      const int code = std::to_integer<int>(st[0]);
+      ASSERT_GE(step * (std::ldexp(1.0, bits) - 1.5), h - l);
+      if (code > 1) {
+        ASSERT_LT(double(M::step_of(code - 1).to_float()) * (std::ldexp(1.0, bits) - 1.5), h - l) << lo << " " << hi;
+      }
+    }
+  EXPECT_EQ(M::codec::make_meta(0.0f, 0.0f, 8).step.to_float(), 0.0f);
+  EXPECT_EQ(M::codec::make_meta(0.0f, 0.0f, 8).lo.to_float(), 0.0f);
 }
 
 // The device kernels fill the rule in parallel (set_scalars, then value_denom_at per code): the same rule.
@@ -402,8 +490,8 @@ TEST(QaqWidth, ParallelFillEqualsTheConstructor) {
     }
 }
 
-TEST(QaqRecord, PackedCodesReadBackAtEveryWidth) {
-  using Q = kvc::QaqQuantizer<>;
+template <class Q>
+void packed_codes_read_back_at_every_width() {
   using R = kvc::qaq::RecordFormat<Q>;
   std::mt19937 rng(21);
   for (int d : {16, 64, 128, 256})
@@ -414,7 +502,7 @@ TEST(QaqRecord, PackedCodesReadBackAtEveryWidth) {
         for (auto& c : c8) c = std::uint8_t(rng());
         for (std::size_t j = 0; j < idx.size(); ++j) idx[j] = std::uint8_t(j * 3), val[j] = kvc::half_t::from_float(float(j) - 0.5f);
         std::vector<std::byte> rec(R::bytes(d, b, id_bytes));
-        const kvc::QuantMeta m{kvc::half_t::from_float(-1.0f), kvc::half_t::from_float(0.01f)};
+        const kvc::QuantMeta m = Q::codec::make_meta(-1.0f, 1.55f, 8);
         const std::uint32_t id = id_bytes == 2 ? 40000u : 0xC0DE9C40u;  // every id byte nonzero, the top bit set
         R::write(rec.data(), d, b, id_bytes, m, c8.data(), 8, val.data(), idx.data(), id);
         std::vector<float> un(static_cast<std::size_t>(d));
@@ -426,6 +514,7 @@ TEST(QaqRecord, PackedCodesReadBackAtEveryWidth) {
         EXPECT_EQ(R::token(rec.data(), d, b, id_bytes), id);
         EXPECT_EQ(R::token(rec.data(), rec.size(), id_bytes), id);
         EXPECT_EQ(R::meta(rec.data()).step, m.step);
+        EXPECT_EQ(R::meta(rec.data()).lo, m.lo);
         for (std::size_t j = 0; j < idx.size(); ++j) {
           EXPECT_EQ(R::outlier_channels(rec.data(), d, b)[j], idx[j]);
           EXPECT_EQ(R::outlier_values(rec.data(), d, b)[j], val[j]);
@@ -435,15 +524,21 @@ TEST(QaqRecord, PackedCodesReadBackAtEveryWidth) {
           R::lower(rec.data(), b, low.data(), b - 1, d, id_bytes);
           for (int c = 0; c < d; ++c) ASSERT_EQ(R::code_at(low.data(), c, b - 1), c8[std::size_t(c)] >> (9 - b));
           EXPECT_EQ(R::token(low.data(), d, b - 1, id_bytes), R::token(rec.data(), d, b, id_bytes));
+          EXPECT_EQ(R::meta(low.data()).lo, m.lo);
         }
       }
+}
+TEST(QaqRecord, PackedCodesReadBackAtEveryWidth) {
+  packed_codes_read_back_at_every_width<kvc::QaqQuantizer<>>();
+  packed_codes_read_back_at_every_width<LogQ<>>();
+  static_assert(kvc::qaq::RecordFormat<LogQ<>>::bytes(64, 3, 2) + 2 == kvc::qaq::RecordFormat<kvc::QaqQuantizer<>>::bytes(64, 3, 2));
 }
 
 // Raising re-encodes only the codes from the mirror row, with the record's metadata and outliers: it must equal
 // quantizing the row afresh at the new width, byte for byte, for every (b, nb), including zero-range rows,
 // fp16-subnormal steps, ties among the extremes, and values at the fp16 limits.
-TEST(QaqRecord, RaiseEqualsWriteRowFromTheMirror) {
-  using Q = kvc::QaqQuantizer<>;
+template <class Q>
+void raise_equals_write_row_from_the_mirror() {
   using R = kvc::qaq::RecordFormat<Q>;
   std::mt19937 rng(33);
   std::normal_distribution<float> g(0.0f, 1.0f);
@@ -470,6 +565,10 @@ TEST(QaqRecord, RaiseEqualsWriteRowFromTheMirror) {
           }
         }
     }
+}
+TEST(QaqRecord, RaiseEqualsWriteRowFromTheMirror) {
+  raise_equals_write_row_from_the_mirror<kvc::QaqQuantizer<>>();
+  raise_equals_write_row_from_the_mirror<LogQ<>>();
 }
 
 TEST(QaqQuantizer, ZeroRangeTokensReconstructExactly) {
@@ -797,6 +896,12 @@ TEST_P(QaqCacheAttention, RotatedWithoutOutliersMatchesTheOracleWhileWidthsChang
   matches_the_oracle_while_widths_change<
       kvc::CompressedKVCache<kvc::QaqQuantizer<1, 8, 0>, kvc::Rotation<kvc::Hadamard<>>>>(GetParam());
 }
+// The 2-byte metadata (LogMeta): unrotated with outliers, and rotated without outliers at n = 1 (kvc-eval's
+// qaq-a0n1-rot-lm).
+TEST_P(QaqCacheAttention, LogMetaMatchesTheOracleWhileWidthsChangeEveryStep) {
+  matches_the_oracle_while_widths_change<kvc::CompressedKVCache<LogQ<>>>(GetParam());
+  matches_the_oracle_while_widths_change<kvc::CompressedKVCache<LogQ<1, 8, 0, 1>, kvc::Rotation<kvc::Hadamard<>>>>(GetParam());
+}
 
 INSTANTIATE_TEST_SUITE_P(Shapes, QaqCacheAttention,
                          ::testing::Values(QaqShape{64, 2, 2}, QaqShape{64, 1, 3}, QaqShape{128, 2, 8}, QaqShape{128, 3, 9},
@@ -1042,6 +1147,10 @@ TEST(QaqCache, RotatedLoweringShiftsAndRaisingRestoresFromTheRotatedMirror) {
   lowering_shifts_and_raising_restores_from_the_mirror<kvc::CompressedKVCache<kvc::QaqQuantizer<>, kvc::RotateKeys<kvc::Hadamard<>>>>(64);
   lowering_shifts_and_raising_restores_from_the_mirror<kvc::CompressedKVCache<kvc::QaqQuantizer<>, kvc::RotateValues<kvc::Hadamard<>>>>(96);
 }
+TEST(QaqCache, LogMetaLoweringShiftsAndRaisingRestoresFromTheMirror) {
+  lowering_shifts_and_raising_restores_from_the_mirror<kvc::CompressedKVCache<LogQ<>>>(64);
+  lowering_shifts_and_raising_restores_from_the_mirror<kvc::CompressedKVCache<LogQ<1, 8, 0>, kvc::Rotation<kvc::Hadamard<>>>>(64);
+}
 
 // A rotated cache with outliers reconstructs x^ = R^T y^ + o in the original basis: with a few channels 60x larger
 // than the rest (the outliers of every token), ||x^ - x|| <= sqrt(d) step / 2 (the residual's codes; R is
@@ -1234,6 +1343,11 @@ TEST(QaqCache, AccountingCountsRecordsHistoriesAndTheMirrorApart) {
   EXPECT_EQ(c.decode_read_bytes(0), c.stored_bytes(0));
   Qaq big({1, 1, H, d, 70000}, {1e-2, 1e-2}, unit_calibration(1, H, d));
   EXPECT_EQ(big.id_bytes(), 4);
+  // LogMeta: 2 metadata bytes per record instead of 4 (0.25 bits/element less at d = 64)
+  kvc::CompressedKVCache<LogQ<>> lm({1, 1, H, d, 100}, {1e-2, 1e-2}, unit_calibration(1, H, d));
+  lm.append(0, 0, x.kview(0, T), x.vview(0, T));
+  EXPECT_EQ(lm.stored_bytes(), std::size_t(T * H * (2 * 74 + 6)));
+  EXPECT_DOUBLE_EQ(c.bits_per_element() - lm.bits_per_element(), 0.25);
 }
 
 TEST(QaqCache, BadInputIsRejectedAndLeavesTheCacheUnchanged) {

@@ -44,6 +44,9 @@ std::optional<SchemeEntry> qaq_scheme(const std::string& kind, const std::string
     return qaq_entry<QaqQuantizer<1, 8, 0, 5>, Rotation<Hadamard<>>>(name, "qaq-a0 with K and V Hadamard-rotated" + at, t);
   if (kind == "qaq-a0n1-rot")  // both ablations' savings at once: no outliers, no history beyond the current step
     return qaq_entry<QaqQuantizer<1, 8, 0, 1>, Rotation<Hadamard<>>>(name, "qaq-a0 with n = 1, K and V Hadamard-rotated" + at, t);
+  if (kind == "qaq-a0n1-rot-lm")  // the same with the 2-byte (lo, step_max) of qaq::LogMeta: 0.25 bits/element less
+    return qaq_entry<QaqQuantizer<1, 8, 0, 1, qaq::PaperBounds, qaq::LogMeta>, Rotation<Hadamard<>>>(
+        name, "qaq-a0n1-rot with 2-byte log-grid (lo, step) metadata" + at, t);
   return std::nullopt;
 }
 }  // namespace kvc::llama::detail

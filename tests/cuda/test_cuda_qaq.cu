@@ -174,6 +174,16 @@ TEST_P(DeviceQaq, OneSideRotatedEveryStepMatchesTheHostCache) {
       GetParam());
 }
 
+// The 2-byte metadata (qaq::LogMeta): the device's appends and raises write the host's bytes.
+TEST_P(DeviceQaq, LogMetaEveryStepMatchesTheHostCache) {
+  KVC_REQUIRE_GPU();
+  using LogQ = kvc::QaqQuantizer<1, 8, 10, 5, kvc::qaq::PaperBounds, kvc::qaq::LogMeta>;
+  using LogQA0N1 = kvc::QaqQuantizer<1, 8, 0, 1, kvc::qaq::PaperBounds, kvc::qaq::LogMeta>;
+  every_step_matches_the_host_cache<kvc::CompressedKVCache<LogQ>, kvc::cuda::DeviceQaqCache<LogQ>>(GetParam());
+  every_step_matches_the_host_cache<kvc::CompressedKVCache<LogQA0N1, Rot>, kvc::cuda::DeviceQaqCache<LogQA0N1, Rot>>(
+      GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, DeviceQaq,
                          ::testing::Values(Shape{64, 2, 2, kvc::cuda::MirrorPlace::kHost},
                                            Shape{64, 1, 3, kvc::cuda::MirrorPlace::kDevice},

@@ -96,10 +96,10 @@ using ::kvc::detail::query_scale;
 /// decode_attention's body. after(i, thread) runs right after stream i's attention on the thread that ran it
 /// (qaq_decode_step: that stream's width update, so both halves of the step share one parallel loop), outside
 /// the attention's denormal flushing.
-template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds, class... Rot, class After>
-void attend(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, Rot...>& cache, int layer,
+template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds, class Meta, class... Rot, class After>
+void attend(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds, Meta>, Rot...>& cache, int layer,
             QueryView q, OutputView out, const AttentionOptions& opt, TokenProbs* probs, After&& after) {
-  using Cache = CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, Rot...>;
+  using Cache = CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds, Meta>, Rot...>;
   const CacheConfig& cfg = cache.config();
   const std::vector<int> lengths = checked_lengths(cache, layer, q, out, opt);  // validates opt too
   const Isa isa = resolve_isa(opt.isa);
@@ -246,8 +246,8 @@ inline bool scores_cannot_overflow(QueryView q, int d, const AttentionOptions& o
 
 /// Decode attention over `layer` of a QAQ cache; with `probs`, also each token's probability (resized to
 /// [q.dim0][kv_heads][max length]) for update_widths(). Errors as kvc::decode_attention.
-template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds, class... Rot>
-void decode_attention(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, Rot...>& cache,
+template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds, class Meta, class... Rot>
+void decode_attention(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds, Meta>, Rot...>& cache,
                       int layer, QueryView q, OutputView out, const AttentionOptions& opt = {},
                       qaq::TokenProbs* probs = nullptr) {
   qaq::detail::attend(cache, layer, q, out, opt, probs, [](int, int) noexcept {});
@@ -263,10 +263,10 @@ void decode_attention(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPe
 /// far beyond real queries) the step runs the two halves apart, so an overflow error leaves the cache
 /// unchanged. The probabilities of the fused step are valid by construction (finite softmax outputs in
 /// [0, 1]): not re-checked.
-template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds, class... Rot>
-void qaq_decode_step(CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, Rot...>& cache, int layer,
+template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds, class Meta, class... Rot>
+void qaq_decode_step(CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds, Meta>, Rot...>& cache, int layer,
                      QueryView q, OutputView out, const AttentionOptions& opt, qaq::TokenProbs& probs) {
-  using Cache = CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, Rot...>;
+  using Cache = CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds, Meta>, Rot...>;
   KVC_CHECK(q.dim0 == cache.config().batch, Errc::kInvalidArgument, "a QAQ decode step attends every sequence: query holds ",
             q.dim0, ", the cache ", cache.config().batch);
   (void)qaq::detail::checked_lengths(cache, layer, q, out, opt);  // before the overflow test reads the query

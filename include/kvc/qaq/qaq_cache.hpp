@@ -94,15 +94,15 @@ struct FusedStep;  // qaq/decode_attention.hpp: qaq_decode_step's access to the 
 }  // namespace detail
 }  // namespace qaq
 
-template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds, class... Rot>
-class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, Rot...> {
+template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds, class Meta, class... Rot>
+class CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds, Meta>, Rot...> {
   static_assert(sizeof...(Rot) <= 1 && (PolicyOf<Rot, kind::rotation> && ...),
                 "kvc::QaqQuantizer composes with one kvc::Rotation<...> after it and nothing else: its cache is "
                 "CompressedKVCache<QaqQuantizer<...>> or CompressedKVCache<QaqQuantizer<...>, Rotation<...>> (mixed-bit "
                 "buckets; no selector, block size, second quantizer or GEAR correction)");
 
  public:
-  using quantizer = QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>;
+  using quantizer = QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds, Meta>;
   /// The Rotation policy (NoRotation without one): attention rotates the query and un-rotates the output
   /// (rotate/rotation.hpp); QAQ's bounds are rotation-invariant (||R q|| = ||q||). On a rotated side:
   ///  - without outliers (OutlierPermille = 0) the row is rotated, y = R x: mirror, codes, widths and raises

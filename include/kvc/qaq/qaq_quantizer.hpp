@@ -12,7 +12,9 @@
 /// step_max = (hi - lo) / 2^B_max rounded up to fp16. So the width-b code is the B_max code >> (B_max - b)
 /// exactly, for every range (fp16-subnormal steps included): lowering a width is a shift of the stored
 /// codes, and re-quantizing the original (the mirror) at any width gives the same codes as lowering.
-/// The per-token metadata (lo, step_max) and the outliers do not depend on the width.
+/// The per-token metadata (lo, step_max) and the outliers do not depend on the width; how a record stores the
+/// metadata is `Meta` (qaq/meta_format.hpp: two fp16 by default, or LogMeta's 2 bytes, whose codec snaps
+/// (lo, step_max) to its grid before encoding).
 /// Error bound: |x - x^| <= step_b / 2 for every non-outlier; outliers are exact.
 /// The width decisions use range_bound = step_max * 2^B_max (>= hi - lo, within one fp16 rounding), which
 /// the stored metadata gives back.
@@ -23,11 +25,13 @@
 #include <kvc/core/concepts.hpp>
 #include <kvc/core/numeric.hpp>
 #include <kvc/qaq/bit_width.hpp>
+#include <kvc/qaq/meta_format.hpp>
 #include <kvc/quant/codec.hpp>
 
 #include <array>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 namespace kvc {
 
@@ -36,14 +40,19 @@ namespace kvc {
 /// \tparam OutlierPermille  alpha in 1/1000, the total over both ends (paper: 1 % = 10; 0 disables outliers)
 /// \tparam Window           n, the attention window of S^_t (paper: 5; 1 = the current probability)
 /// \tparam Bounds           the error model (qaq::PaperBounds)
-template <int BMin = 1, int BMax = 8, int OutlierPermille = 10, int Window = 5, class Bounds = qaq::PaperBounds>
+/// \tparam Meta             how a record stores (lo, step_max): qaq::Fp16Meta (4 bytes) or qaq::LogMeta (2 bytes)
+template <int BMin = 1, int BMax = 8, int OutlierPermille = 10, int Window = 5, class Bounds = qaq::PaperBounds,
+          class Meta = qaq::Fp16Meta>
 struct QaqQuantizer {
   static_assert(BMin >= 1 && BMin <= BMax && BMax <= 8, "kvc::QaqQuantizer: widths must satisfy 1 <= BMin <= BMax <= 8");
   static_assert(OutlierPermille >= 0 && OutlierPermille <= 500,
                 "kvc::QaqQuantizer: OutlierPermille (alpha, total over both ends) must be in [0, 500]");
   static_assert(Window >= 1 && Window <= 7, "kvc::QaqQuantizer: the attention window n must be in [1, 7]");
   using policy_kind = kind::adaptive_quantizer;
-  using codec = MidpointCodec;
+  using meta_format = Meta;
+  using codec = typename Meta::codec;
+  static_assert(std::is_base_of_v<MidpointCodec, codec>,
+                "kvc::QaqQuantizer: the metadata format's codec must be the midpoint codec (its codes nest across widths)");
   using bounds = Bounds;
   using history = qaq::AttentionHistory<Window>;
   static constexpr int kMinBits = BMin;

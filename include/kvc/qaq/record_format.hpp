@@ -4,9 +4,10 @@
 /// the stream's bucket of width b (every record of a bucket has the same size, so a bucket is an array).
 /// Attention is invariant under permuting tokens, so buckets hold tokens in any order; the record names
 /// its token.
-///   [lo fp16][step_max fp16][codes: d x b bits, dense, code c at bits [c b, (c + 1) b)]
+///   [meta: (lo, step_max), Q::meta_format::kBytes (4: two fp16; 2: LogMeta)]
+///   [codes: d x b bits, dense, code c at bits [c b, (c + 1) b)]
 ///   [outlier value fp16 x 2k][outlier channel u8 x 2k][token: id_bytes (2 or 4) little-endian]
-/// d % 16 == 0 keeps every fp16 field 2-byte aligned. Host+device.
+/// d % 16 == 0 (and an even meta size) keeps every fp16 field 2-byte aligned. Host+device.
 #pragma once
 
 #include <kvc/config.hpp>
@@ -55,6 +56,10 @@ void with_width(int b, F&& f) {
 template <class Q, bool AddOutliers = false>
 struct RecordFormat {
   using quantizer = Q;
+  using meta_format = typename Q::meta_format;
+  /// Bytes of the metadata at the record's start; the codes follow.
+  static constexpr std::size_t kMetaBytes = std::size_t(meta_format::kBytes);
+  static_assert(kMetaBytes % 2 == 0, "kvc::qaq::RecordFormat: the metadata must keep the fp16 outlier values 2-byte aligned");
   static constexpr bool kAddOutliers = AddOutliers;
   /// What an outlier x_c adds to the reconstruction of its channel, whose code decodes to x^_c.
   KVC_HOST_DEVICE static float outlier_term(float x, float decoded) noexcept { return AddOutliers ? x : x - decoded; }
@@ -62,28 +67,26 @@ struct RecordFormat {
   KVC_HOST_DEVICE static constexpr int id_bytes_for(int capacity) noexcept { return capacity <= 65536 ? 2 : 4; }
   KVC_HOST_DEVICE static constexpr std::size_t code_bytes(int d, int b) noexcept { return std::size_t(d) * b / 8; }
   KVC_HOST_DEVICE static constexpr std::size_t bytes(int d, int b, int id_bytes) noexcept {
-    return 4 + code_bytes(d, b) + 3 * std::size_t(Q::outliers(d)) + std::size_t(id_bytes);
+    return kMetaBytes + code_bytes(d, b) + 3 * std::size_t(Q::outliers(d)) + std::size_t(id_bytes);
   }
-  KVC_HOST_DEVICE static QuantMeta meta(const std::byte* r) noexcept {
-    const auto* h = reinterpret_cast<const half_t*>(r);
-    return {h[0], h[1]};
-  }
+  KVC_HOST_DEVICE static QuantMeta meta(const std::byte* r) noexcept { return meta_format::load(r); }
   KVC_HOST_DEVICE static const std::uint8_t* codes(const std::byte* r) noexcept {
-    return reinterpret_cast<const std::uint8_t*>(r + 4);
+    return reinterpret_cast<const std::uint8_t*>(r + kMetaBytes);
   }
   KVC_HOST_DEVICE static const half_t* outlier_values(const std::byte* r, int d, int b) noexcept {
-    return reinterpret_cast<const half_t*>(r + 4 + code_bytes(d, b));
+    return reinterpret_cast<const half_t*>(r + kMetaBytes + code_bytes(d, b));
   }
   KVC_HOST_DEVICE static const std::uint8_t* outlier_channels(const std::byte* r, int d, int b) noexcept {
-    return reinterpret_cast<const std::uint8_t*>(r + 4 + code_bytes(d, b) + 2 * std::size_t(Q::outliers(d)));
+    return reinterpret_cast<const std::uint8_t*>(r + kMetaBytes + code_bytes(d, b) + 2 * std::size_t(Q::outliers(d)));
   }
   KVC_HOST_DEVICE static std::uint32_t token(const std::byte* r, int d, int b, int id_bytes) noexcept {
     return token(r, bytes(d, b, id_bytes), id_bytes);
   }
   /// The token id of record r of rb bytes (id_bytes 2 or 4), for loops that know rb: the record's last 4 bytes
   /// as one little-endian word (GCC and Clang merge the 4 byte loads into one load on x86) shifted right over the
-  /// bytes before the id (every record has at least 4: its metadata). A byte loop over id_bytes from the
-  /// record's start, sized per call, cost the attention's two passes about 8 % (BM_QaqDecodeStep, cpu-clock).
+  /// bytes before the id (every record has at least 4: its metadata, 2 or 4 bytes, then d >= 16 codes at >= 1
+  /// bit). A byte loop over id_bytes from the record's start, sized per call, cost the attention's two passes
+  /// about 8 % (BM_QaqDecodeStep, cpu-clock).
   KVC_HOST_DEVICE static std::uint32_t token(const std::byte* r, std::size_t rb, int id_bytes) noexcept {
     const auto* p = reinterpret_cast<const std::uint8_t*>(r + rb - 4);
     const std::uint32_t w = std::uint32_t(p[0]) | std::uint32_t(p[1]) << 8 | std::uint32_t(p[2]) << 16 |
@@ -158,19 +161,17 @@ struct RecordFormat {
   KVC_HOST_DEVICE static void write(std::byte* r, int d, int b, int id_bytes, QuantMeta m, const std::uint8_t* codes_from,
                                     int from, const half_t* out_val, const std::uint8_t* out_idx,
                                     std::uint32_t token_id) noexcept {
-    auto* h = reinterpret_cast<half_t*>(r);
-    h[0] = m.lo;
-    h[1] = m.step;
+    meta_format::store(r, m);
     // 8 codes at a time, assembled in a register (d % 8 == 0): the group is exactly b bytes
-    auto* p = reinterpret_cast<std::uint8_t*>(r + 4);
+    auto* p = reinterpret_cast<std::uint8_t*>(r + kMetaBytes);
     for (int c0 = 0; c0 < d; c0 += 8, p += b) {
       std::uint64_t v = 0;
       for (int i = 0; i < 8; ++i) v |= std::uint64_t(unsigned(codes_from[c0 + i]) >> (from - b)) << (8 * i);
       put_group(p, b, pack_bytes(v, b));
     }
     const int n = Q::outliers(d);
-    auto* ov = reinterpret_cast<half_t*>(r + 4 + code_bytes(d, b));
-    auto* oi = reinterpret_cast<std::uint8_t*>(r + 4 + code_bytes(d, b) + 2 * std::size_t(n));
+    auto* ov = reinterpret_cast<half_t*>(r + kMetaBytes + code_bytes(d, b));
+    auto* oi = reinterpret_cast<std::uint8_t*>(r + kMetaBytes + code_bytes(d, b) + 2 * std::size_t(n));
     for (int j = 0; j < n; ++j) {
       ov[j] = out_val[j];
       oi[j] = out_idx[j];
@@ -192,18 +193,18 @@ struct RecordFormat {
   /// Re-writes record `src` (width b) as `dst` at width nb < b: a shift of every code (exactly what quantizing
   /// the original at nb gives); metadata, outliers and token unchanged.
   KVC_HOST_DEVICE static void lower(const std::byte* src, int b, std::byte* dst, int nb, int d, int id_bytes) noexcept {
-    for (int i = 0; i < 4; ++i) dst[i] = src[i];  // lo, step
+    for (std::size_t i = 0; i < kMetaBytes; ++i) dst[i] = src[i];  // lo, step
     // per group of 8 codes: each code's top nb bits, repacked at width nb in a register
     const std::uint8_t* s = codes(src);
-    auto* o = reinterpret_cast<std::uint8_t*>(dst + 4);
+    auto* o = reinterpret_cast<std::uint8_t*>(dst + kMetaBytes);
     for (int c0 = 0; c0 < d; c0 += 8, s += b, o += nb) put_group(o, nb, narrow_group(group_word(s, b), b, nb));
     copy_tail(src, b, dst, nb, d, id_bytes);
   }
   /// Copies what follows the codes (outlier values, channels, token id) from a width-b record to a width-nb one.
   KVC_HOST_DEVICE static void copy_tail(const std::byte* src, int b, std::byte* dst, int nb, int d, int id_bytes) noexcept {
     const std::size_t tail = 3 * std::size_t(Q::outliers(d)) + std::size_t(id_bytes);
-    const std::byte* ts = src + 4 + code_bytes(d, b);
-    std::byte* td = dst + 4 + code_bytes(d, nb);
+    const std::byte* ts = src + kMetaBytes + code_bytes(d, b);
+    std::byte* td = dst + kMetaBytes + code_bytes(d, nb);
     for (std::size_t i = 0; i < tail; ++i) td[i] = ts[i];
   }
   /// Re-writes record `src` (width b) as `dst` at width nb > b from the token's mirror row (the fp16 values
@@ -213,10 +214,10 @@ struct RecordFormat {
   /// id_bytes, row, token) byte for byte (tested).
   KVC_HOST_DEVICE static void raise(const std::byte* src, int b, std::byte* dst, int nb, int d, int id_bytes,
                                     const half_t* row) noexcept {
-    for (int i = 0; i < 4; ++i) dst[i] = src[i];  // lo, step
+    for (std::size_t i = 0; i < kMetaBytes; ++i) dst[i] = src[i];  // lo, step
     const QuantMeta m = meta(src);
     const float inv = inverse_step(m);
-    auto* o = reinterpret_cast<std::uint8_t*>(dst + 4);
+    auto* o = reinterpret_cast<std::uint8_t*>(dst + kMetaBytes);
     for (int c0 = 0; c0 < d; c0 += 8, o += nb) put_group(o, nb, pack_bytes(encode_group(row + c0, m, inv, nb), nb));
     copy_tail(src, b, dst, nb, d, id_bytes);
   }
@@ -224,7 +225,7 @@ struct RecordFormat {
   /// byte (code i in byte i): Q::codec::encode per value. With AVX2 + F16C all 8 at once, by the same IEEE sub,
   /// mul, floor and clamp, so the same codes.
   KVC_HOST_DEVICE static std::uint64_t encode_group(const half_t* row, QuantMeta m, float inv, int nb) noexcept {
-    static_assert(std::is_same_v<typename Q::codec, MidpointCodec>, "RecordFormat::encode_group is MidpointCodec::encode");
+    static_assert(std::is_base_of_v<MidpointCodec, typename Q::codec>, "RecordFormat::encode_group is MidpointCodec::encode");
 #if KVC_QAQ_AVX2_
     const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
     const __m256 q = _mm256_min_ps(

@@ -56,14 +56,14 @@ enum class MirrorPlace { kHost, kDevice };
 template <class Q, class... Rot>
 class DeviceQaqCache;
 
-template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds, class... Rot>
-class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>, Rot...> {
+template <int BMin, int BMax, int OutlierPermille, int Window, class Bounds, class Meta, class... Rot>
+class DeviceQaqCache<QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds, Meta>, Rot...> {
   static_assert(sizeof...(Rot) <= 1 && (PolicyOf<Rot, kind::rotation> && ...),
                 "kvc::cuda::DeviceQaqCache<QaqQuantizer<...>, Rot...> takes at most one kvc::Rotation<...> (as the host "
                 "CompressedKVCache<QaqQuantizer<...>, Rotation<...>>)");
 
  public:
-  using quantizer = QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds>;
+  using quantizer = QaqQuantizer<BMin, BMax, OutlierPermille, Window, Bounds, Meta>;
   using record = qaq::RecordFormat<quantizer>;
   using arena = qaq::Arena<quantizer>;
   using history = typename quantizer::history;
