@@ -17,6 +17,7 @@
 //   BM_DecodeAttention/qaq/T:<n>         QAQ (QaqQuantizer<>) with targets calibrated to ~3 bits per element, everything
 //                                        counted as kivi2's 3.05 (after 16 decode steps with varied queries fill the
 //                                        histories); qaq_rot: the same with Rotation<Hadamard<>> (K and V)
+//                                        qaq_a0n1_rot_lm: QaqQuantizer<1, 8, 0, 1, PaperBounds, LogMeta>, rotated
 //   BM_QaqUpdateWidths/T:<n>             QAQ's per-step width update of that cache (history push, width rule,
 //                                        moves between buckets), one step's probabilities repeated
 //   BM_QaqDecodeStep/T:<n>/rho:<r>/bits10:<b>/fused:<f>  a whole QAQ step (attention + width update) with a new
@@ -267,7 +268,7 @@ std::unique_ptr<QaqBench> build_qaq(int tokens, const std::vector<std::vector<fl
       return sum / n;
     };
   };
-  // bits_per_element is linear in the average code width (records are 4 + 16 b + 6 + 2 bytes at d = 128)
+  // bits_per_element is linear in the average code width (records are meta + 16 b + outliers + id bytes at d = 128)
   const double fixed = cache->bits_per_element() - 0.5 * (cache->average_width(0) + cache->average_width(1));
   t.key_sigma_s = kvc::qaq::calibrate_target(average(0), bits - fixed, 1e-9, 1e3, 30);
   t.value_sigma_x = kvc::qaq::calibrate_target(average(1), bits - fixed, 1e-9, 1e3, 30);
@@ -479,6 +480,14 @@ const int registered = [] {
   benchmark::RegisterBenchmark(
       "BM_DecodeAttention/qaq_rot",
       BM_DecodeAttentionQaq<kvc::Precision::kFast, kvc::CompressedKVCache<kvc::QaqQuantizer<>, kvc::Rotation<kvc::Hadamard<>>>>)
+      ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
+  // kvc-eval's qaq-a0n1-rot-lm cache (no outliers, n = 1, Hadamard-rotated, LogMeta's 2-byte (lo, step)), also
+  // calibrated to ~3 bits per element everything counted.
+  benchmark::RegisterBenchmark(
+      "BM_DecodeAttention/qaq_a0n1_rot_lm",
+      BM_DecodeAttentionQaq<kvc::Precision::kFast,
+                            kvc::CompressedKVCache<kvc::QaqQuantizer<1, 8, 0, 1, kvc::qaq::PaperBounds, kvc::qaq::LogMeta>,
+                                                   kvc::Rotation<kvc::Hadamard<>>>>)
       ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("BM_QaqUpdateWidths", BM_QaqUpdateWidths)
       ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);

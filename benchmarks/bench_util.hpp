@@ -9,6 +9,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -77,6 +78,7 @@ inline std::vector<float> bench_query(unsigned seed = 3) {
 /// so their bandwidth (read_gbs, read_share) is BM_MemoryRead's at the moments the steps run.
 KVC_SUPPRESS_INTRINSIC_WARNINGS_BEGIN
 inline float read_pass(const float* buf, std::size_t n) {
+  assert(n % 64 == 0 && reinterpret_cast<std::uintptr_t>(buf) % 64 == 0);  // the loops below read whole 256-byte steps
   float total = 0.0f;
 #pragma omp parallel reduction(+ : total)
   {

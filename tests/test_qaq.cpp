@@ -422,6 +422,14 @@ TEST(QaqMeta, LogMetaStoresEveryCodeBackToItsBytes) {
       const kvc::QuantMeta back = M::load(out);
       ASSERT_EQ(back.lo, m.lo);
       ASSERT_EQ(back.step, m.step);
+      // the bit-operation paths: lo is -n step rounded down to fp16, and the kernels' floats are load's
+      if (e > 0) {
+        ASSERT_EQ(m.lo, kvc::half_round_down(-float(n) * m.step.to_float())) << e << " " << n;
+      }
+      float lo = 1.0f, step = 1.0f;
+      M::load_floats(in, [](kvc::half_t) { return -1.0f; }, lo, step);
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(lo), std::bit_cast<std::uint32_t>(m.lo.to_float())) << e << " " << n;
+      ASSERT_EQ(step, m.step.to_float()) << e;
     }
   }
   EXPECT_EQ(M::step_of(1).to_float(), std::ldexp(1.0f, -14));

@@ -66,8 +66,9 @@
 KVC_SUPPRESS_INTRINSIC_WARNINGS_BEGIN
 #ifndef KVC_PREFETCH_BYTES
 /// Bytes of K+V blocks the CPU decode attention prefetches ahead (0: none; at least one block). 16 KiB: one fp16
-/// block at d = 128, several compressed ones. On an AMD Zen 5, fp16 at T = 32768 took 8-17 % less time than with
-/// 32 KiB on both SIMD paths, the compressed schemes within +-3 %; on Zen 4, 16 to 128 KiB measured alike (README).
+/// block at d = 128, several compressed ones. On an AMD Zen 5, fp16 at T = 32768 took 8-18 % less time than with
+/// 32 KiB on both SIMD paths, the compressed schemes within +-3 % or up to 8 % faster; on Zen 4, 16 to 128 KiB
+/// measured alike (README).
 #  define KVC_PREFETCH_BYTES 16384
 #endif
 #ifndef KVC_LO_PLANE_RATIO

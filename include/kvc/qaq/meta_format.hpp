@@ -43,6 +43,13 @@ struct Fp16Meta {
     const auto* h = reinterpret_cast<const half_t*>(r);
     return {h[0], h[1]};
   }
+  /// load(r) as floats, each half converted by cvt (the kernels pass their vector-unit conversion).
+  template <class Cvt>
+  KVC_HOST_DEVICE static void load_floats(const std::byte* r, Cvt&& cvt, float& lo, float& step) noexcept {
+    const QuantMeta m = load(r);
+    lo = cvt(m.lo);
+    step = cvt(m.step);
+  }
 };
 
 /// (lo, step_max) in 2 bytes: a log-grid step code and lo as a multiple of the step (file comment).
@@ -65,8 +72,25 @@ struct LogMeta {
     constexpr std::uint16_t m[kPerBinade] = {0, 93, 194, 304, 425, 556, 699, 855};
     return m[j];
   }
-  /// lo of step code e and offset n: -n step_max rounded down to fp16 (the product is exact in float).
-  KVC_HOST_DEVICE static half_t lo_of(half_t step, int n) noexcept { return half_round_down(-float(n) * step.to_float()); }
+  /// step_of(e) as a float, by bit operations (e in [1, kMaxCode]: normal fp16 values).
+  KVC_HOST_DEVICE static float step_float(int e) noexcept {
+    const int i = (e > kMaxCode ? kMaxCode : e) - 1;
+    return kvc::detail::bits_float(std::uint32_t(i / kPerBinade + 1 + 112) << 23 | std::uint32_t(mantissa(i % kPerBinade)) << 13);
+  }
+  /// -n step rounded toward -inf to fp16, as a float, by bit operations: n step is exact in float and, for n >= 1,
+  /// >= 2^-14 (a normal fp16), so rounding its magnitude up to 11 significant bits is fp16's rounding (a carry
+  /// into the exponent is right); make_meta keeps it <= 65504, which rounds to itself. n = 0 gives -0.
+  KVC_HOST_DEVICE static float lo_float(float step, int n) noexcept {
+    std::uint32_t b = kvc::detail::float_bits(float(n) * step);
+    if (b & 0x1FFFu) b = (b | 0x1FFFu) + 1u;
+    return -kvc::detail::bits_float(b);
+  }
+  /// lo of step code e and offset n: lo_float as fp16 (exactly representable: its bits, no rounding).
+  KVC_HOST_DEVICE static half_t lo_of(half_t step, int n) noexcept {
+    const std::uint32_t b = kvc::detail::float_bits(lo_float(step.to_float(), n));
+    const std::uint32_t mag = b & 0x7FFFFFFFu;
+    return half_t{static_cast<std::uint16_t>((b >> 16 & 0x8000u) | (mag == 0 ? 0u : ((mag >> 23) - 112u) << 10 | (mag >> 13 & 0x3FFu)))};
+  }
 
   /// The midpoint codec with this grid's metadata: encode / affine as MidpointCodec, make_meta on the grid.
   struct codec : MidpointCodec {
@@ -111,6 +135,13 @@ struct LogMeta {
     if (e == 0) return {half_t{0}, half_t{0}};
     const half_t step = step_of(e);
     return {lo_of(step, int(static_cast<std::uint8_t>(r[1]))), step};
+  }
+  /// load(r) as floats, by bit operations (cvt unused): the kernels' per-record path.
+  template <class Cvt>
+  KVC_HOST_DEVICE static void load_floats(const std::byte* r, Cvt&&, float& lo, float& step) noexcept {
+    const int e = int(static_cast<std::uint8_t>(r[0]));
+    step = e == 0 ? 0.0f : step_float(e);
+    lo = e == 0 ? 0.0f : lo_float(step, int(static_cast<std::uint8_t>(r[1])));
   }
 };
 }  // namespace kvc::qaq

@@ -70,6 +70,11 @@ struct RecordFormat {
     return kMetaBytes + code_bytes(d, b) + 3 * std::size_t(Q::outliers(d)) + std::size_t(id_bytes);
   }
   KVC_HOST_DEVICE static QuantMeta meta(const std::byte* r) noexcept { return meta_format::load(r); }
+  /// meta(r) as floats (lo, step_max), each fp16 converted by cvt where the format stores fp16.
+  template <class Cvt>
+  KVC_HOST_DEVICE static void meta_floats(const std::byte* r, Cvt&& cvt, float& lo, float& step) noexcept {
+    meta_format::load_floats(r, cvt, lo, step);
+  }
   KVC_HOST_DEVICE static const std::uint8_t* codes(const std::byte* r) noexcept {
     return reinterpret_cast<const std::uint8_t*>(r + kMetaBytes);
   }

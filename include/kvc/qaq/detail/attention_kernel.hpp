@@ -279,8 +279,9 @@ struct Prepared {
   /// load: a store-forwarding stall per record).
   /// `codes`: the record's codes unpacked, or null to read the outliers' codes from the record.
   void init(const std::byte* r, int d, int nout, const float* codes) noexcept {
-    const QuantMeta m = R::meta(r);
-    a = R::quantizer::affine(to_float(m.lo), to_float(m.step), W);
+    float lo, step;
+    R::meta_floats(r, [](half_t h) { return to_float(h); }, lo, step);
+    a = R::quantizer::affine(lo, step, W);
     const half_t* ov = R::outlier_values(r, d, W);
     idx = R::outlier_channels(r, d, W);
     for (int j = 0; j < nout; ++j) {
@@ -344,8 +345,9 @@ void bucket_scores16(const std::byte* bk, std::size_t n, std::size_t rb, Token&&
     // 16-byte loads may run into the bucket's next records: checked only in its last record
     if (i + 1 < n) unpack16<R, W>(r, d, std::numeric_limits<std::size_t>::max(), codes);
     else unpack16<R, W>(r, d, rb - 4, codes);
-    const QuantMeta m = R::meta(r);
-    const Affine a = R::quantizer::affine(to_float(m.lo), to_float(m.step), W);
+    float lo, step;
+    R::meta_floats(r, [](half_t h) { return to_float(h); }, lo, step);
+    const Affine a = R::quantizer::affine(lo, step, W);
     const half_t* ov = R::outlier_values(r, d, W);
     const std::uint8_t* idx = R::outlier_channels(r, d, W);
     float corr[Prepared<R, W>::kMaxOut > 0 ? Prepared<R, W>::kMaxOut : 1];
