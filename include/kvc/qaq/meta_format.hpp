@@ -72,7 +72,8 @@ struct LogMeta {
     constexpr std::uint16_t m[kPerBinade] = {0, 93, 194, 304, 425, 556, 699, 855};
     return m[j];
   }
-  /// step_of(e) as a float, by bit operations (e in [1, kMaxCode]: normal fp16 values).
+  /// step_of(e) as a float, by bit operations (e in [1, kMaxCode]: normal fp16 values). Equal to
+  /// step_of(e).to_float(), which on the host keeps its inf and subnormal branches in the kernels' per-record path.
   KVC_HOST_DEVICE static float step_float(int e) noexcept {
     const int i = (e > kMaxCode ? kMaxCode : e) - 1;
     return kvc::detail::bits_float(std::uint32_t(i / kPerBinade + 1 + 112) << 23 | std::uint32_t(mantissa(i % kPerBinade)) << 13);
@@ -85,12 +86,8 @@ struct LogMeta {
     if (b & 0x1FFFu) b = (b | 0x1FFFu) + 1u;
     return -kvc::detail::bits_float(b);
   }
-  /// lo of step code e and offset n: lo_float as fp16 (exactly representable: its bits, no rounding).
-  KVC_HOST_DEVICE static half_t lo_of(half_t step, int n) noexcept {
-    const std::uint32_t b = kvc::detail::float_bits(lo_float(step.to_float(), n));
-    const std::uint32_t mag = b & 0x7FFFFFFFu;
-    return half_t{static_cast<std::uint16_t>((b >> 16 & 0x8000u) | (mag == 0 ? 0u : ((mag >> 23) - 112u) << 10 | (mag >> 13 & 0x3FFu)))};
-  }
+  /// lo of step code e and offset n: lo_float as fp16 (exactly representable, so the conversion does not round).
+  KVC_HOST_DEVICE static half_t lo_of(half_t step, int n) noexcept { return half_t::from_float(lo_float(step.to_float(), n)); }
 
   /// The midpoint codec with this grid's metadata: encode / affine as MidpointCodec, make_meta on the grid.
   struct codec : MidpointCodec {
@@ -113,7 +110,7 @@ struct LogMeta {
       const double q = std::ceil(-l / double(step.to_float()));
       const double cap = double((1 << bits) - 1);
       const double nmax = std::floor(double(half_t::kMax) / double(step.to_float()));  // lo stays finite
-      const int n = int(q < cap ? (q < nmax ? q : nmax) : (cap < nmax ? cap : nmax));
+      const int n = int(std::fmin(q, std::fmin(cap, nmax)));
       return {lo_of(step, n), step};
     }
   };
@@ -140,8 +137,12 @@ struct LogMeta {
   template <class Cvt>
   KVC_HOST_DEVICE static void load_floats(const std::byte* r, Cvt&&, float& lo, float& step) noexcept {
     const int e = int(static_cast<std::uint8_t>(r[0]));
-    step = e == 0 ? 0.0f : step_float(e);
-    lo = e == 0 ? 0.0f : lo_float(step, int(static_cast<std::uint8_t>(r[1])));
+    if (e == 0) {  // an all-zero token
+      lo = step = 0.0f;
+      return;
+    }
+    step = step_float(e);
+    lo = lo_float(step, int(static_cast<std::uint8_t>(r[1])));
   }
 };
 }  // namespace kvc::qaq
