@@ -23,7 +23,8 @@
 // after 2000 tokens for plot_logquant.py.
 //
 // QAQ schemes (qaq_eval.hpp: qaq:KS:VS, qaq-n1:KS:VS, qaq-a0:KS:VS, qaq-rot:KS:VS, qaq-rotk:KS:VS,
-// qaq-rotv:KS:VS, qaq-a0-rot:KS:VS, qaq-a0n1-rot:KS:VS, qaq-uB and qaq-uB-rot) need the ||q||^2 calibration:
+// qaq-rotv:KS:VS, qaq-a0-rot:KS:VS, qaq-a0n1-rot:KS:VS, qaq-a0n1-rot-lm:KS:VS, qaq-lm:KS:VS, qaq-uB,
+// qaq-uB-rot and qaq-uB-lm) need the ||q||^2 calibration:
 // --qaq-calibration FILE loads it (written by an earlier run: a mismatched model shape is an error), else it is computed by an exact run over the --qaq-calibration-tokens
 // (default 1024) tokens that follow the evaluated ones in the text (disjoint from them) and, with FILE, saved
 // there.

@@ -6,7 +6,8 @@
 Left: quality against honest bits per element (everything counted: codes, lo/step, outliers with their
 channels, token ids, attention histories): the QAQ curve (qaq:KS:VS, one point per pair of error
 targets) beside per-token uniform quantization with the same codec and outliers (qaq-uB, the paper's
-Fig. 4 baseline), and the n = 1 (qaq-n1) and alpha = 0 (qaq-a0) ablations; top ΔPPL, bottom KL.
+Fig. 4 baseline), the n = 1 (qaq-n1) and alpha = 0 (qaq-a0) ablations, and, where the files have them, the
+same curve and baseline with 2-byte metadata (qaq-lm:KS:VS, qaq-uB-lm); top ΔPPL, bottom KL.
 Right: the code widths QAQ chose for keys and values (all layers, after the run) for HIST_SCHEME.
 Every file must share the model, text and token count; schemes are merged by name (later files win).
 """
@@ -38,9 +39,13 @@ def load(paths: list[str]) -> tuple[dict, dict[str, dict]]:
 
 
 def family(name: str) -> str | None:
-    for prefix, fam in (("qaq-n1:", "n1"), ("qaq-a0:", "a0"), ("qaq:", "qaq"), ("qaq-u", "uniform")):
+    if name.startswith("qaq-u") and name.endswith("-lm"):
+        return "uniform-lm"
+    for prefix, fam in (("qaq-n1:", "n1"), ("qaq-a0:", "a0"), ("qaq:", "qaq"), ("qaq-lm:", "lm")):
         if name.startswith(prefix):
             return fam
+    if name.startswith("qaq-u") and name[5:].isdigit():
+        return "uniform"
     return None
 
 
@@ -57,6 +62,8 @@ def main() -> int:
         "uniform": dict(color="tab:gray", marker="s", label="per-token uniform + 1% outliers (qaq-uB)"),
         "n1": dict(color="tab:orange", marker="^", linestyle="none", label="QAQ n = 1"),
         "a0": dict(color="tab:red", marker="v", linestyle="none", label="QAQ alpha = 0"),
+        "lm": dict(color="tab:cyan", marker="o", linestyle="--", label="QAQ, 2-byte metadata (qaq-lm)"),
+        "uniform-lm": dict(color="tab:brown", marker="s", linestyle="--", label="uniform, 2-byte metadata (qaq-uB-lm)"),
     }
     fig = plt.figure(figsize=(12, 7))
     ax_ppl = fig.add_subplot(2, 2, 1)

@@ -11,6 +11,7 @@
 ///                  qaq-a0-rot:KS:VS, qaq-a0n1-rot:KS:VS (alpha = 0 and n = 1) and qaq-uB-rot (B = 3, 4)
 ///                  likewise
 ///   qaq-a0n1-rot-lm:KS:VS  qaq-a0n1-rot with qaq::LogMeta's 2-byte (lo, step_max) (qaq/meta_format.hpp)
+///   qaq-lm:KS:VS   qaq:KS:VS with LogMeta; qaq-uB-lm (B = 1..4) its uniform baseline at equal metadata
 /// The key bound needs the ||q||^2 calibration (qaq/calibration.hpp): kvc-eval computes it on a segment of
 /// the text after the evaluated tokens (or loads --qaq-calibration) and passes it in RunHooks.
 /// Only AttentionMode::kFast and kExact run the step; kReference attends without probabilities, so its

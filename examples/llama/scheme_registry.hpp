@@ -212,7 +212,7 @@ std::vector<SchemeEntry> schemes_b();  ///< KIVI with sinks and GEAR corrections
 std::vector<SchemeEntry> schemes_c();  ///< rotated schemes beside their plain twins
 std::vector<SchemeEntry> schemes_d();  ///< AlignedKV and QAQ
 /// A QAQ scheme named by its kind ("qaq", "qaq-n1", "qaq-a0", "qaq-rot", "qaq-rotk", "qaq-rotv", "qaq-a0-rot",
-/// "qaq-a0n1-rot") and targets (schemes_d.cpp); nullopt for another kind.
+/// "qaq-a0n1-rot", "qaq-a0n1-rot-lm", "qaq-lm") and targets (schemes_d.cpp); nullopt for another kind.
 std::optional<SchemeEntry> qaq_scheme(const std::string& kind, const std::string& name, qaq::Targets t);
 }  // namespace detail
 
@@ -242,7 +242,7 @@ inline SchemeEntry find_scheme(const std::string& name) {
     if (auto e = detail::qaq_scheme(name.substr(0, colon), name, t)) return *e;
   KVC_CHECK(false, Errc::kInvalidArgument, "unknown scheme '", name, "' (known: ", known,
             ", and qaq:KS:VS, qaq-n1:KS:VS, qaq-a0:KS:VS, qaq-rot:KS:VS, qaq-rotk:KS:VS, qaq-rotv:KS:VS, "
-            "qaq-a0-rot:KS:VS, qaq-a0n1-rot:KS:VS with positive targets "
+            "qaq-a0-rot:KS:VS, qaq-a0n1-rot:KS:VS, qaq-a0n1-rot-lm:KS:VS, qaq-lm:KS:VS with positive targets "
             "sigma_S = KS, sigma_X = VS)");
   return scheme_registry().front();  // unreachable
 }

@@ -18,6 +18,11 @@ std::vector<SchemeEntry> schemes_d() {
       qaq_entry<QaqQuantizer<5, 5>>("qaq-u5", "per-token uniform 5-bit + 1 % outliers (QAQ's codec)", {1, 1}),
       qaq_entry<QaqQuantizer<6, 6>>("qaq-u6", "per-token uniform 6-bit + 1 % outliers (QAQ's codec)", {1, 1}),
       qaq_entry<QaqQuantizer<8, 8>>("qaq-u8", "per-token uniform 8-bit + 1 % outliers (QAQ's codec)", {1, 1}),
+      // The same baseline with qaq::LogMeta's 2-byte (lo, step_max): qaq-lm's comparison at equal metadata.
+      qaq_entry<QaqQuantizer<1, 1, 10, 5, qaq::PaperBounds, qaq::LogMeta>>("qaq-u1-lm", "qaq-u1 with 2-byte log-grid (lo, step) metadata", {1, 1}),
+      qaq_entry<QaqQuantizer<2, 2, 10, 5, qaq::PaperBounds, qaq::LogMeta>>("qaq-u2-lm", "qaq-u2 with 2-byte log-grid (lo, step) metadata", {1, 1}),
+      qaq_entry<QaqQuantizer<3, 3, 10, 5, qaq::PaperBounds, qaq::LogMeta>>("qaq-u3-lm", "qaq-u3 with 2-byte log-grid (lo, step) metadata", {1, 1}),
+      qaq_entry<QaqQuantizer<4, 4, 10, 5, qaq::PaperBounds, qaq::LogMeta>>("qaq-u4-lm", "qaq-u4 with 2-byte log-grid (lo, step) metadata", {1, 1}),
       // Three points of the QAQ curve (paper defaults: widths 1..8, 1 % outliers, n = 5); any other targets by name.
       qaq_entry<QaqQuantizer<>>("qaq:1e-3:1e-2", "QAQ at sigma_S 1e-3, sigma_X 1e-2 (~3.9 bits)", {1e-3, 1e-2}),
       qaq_entry<QaqQuantizer<>>("qaq:2e-4:2e-3", "QAQ at sigma_S 2e-4, sigma_X 2e-3 (~5.1 bits)", {2e-4, 2e-3}),
@@ -31,6 +36,9 @@ std::vector<SchemeEntry> schemes_d() {
 std::optional<SchemeEntry> qaq_scheme(const std::string& kind, const std::string& name, qaq::Targets t) {
   const std::string at = " at sigma_S " + name.substr(kind.size() + 1);
   if (kind == "qaq") return qaq_entry<QaqQuantizer<>>(name, "QAQ: widths 1..8, 1 % outliers, n = 5" + at, t);
+  if (kind == "qaq-lm")  // the paper's defaults with qaq::LogMeta's 2-byte (lo, step_max): 0.25 bits/element less
+    return qaq_entry<QaqQuantizer<1, 8, 10, 5, qaq::PaperBounds, qaq::LogMeta>>(
+        name, "QAQ (widths 1..8, 1 % outliers, n = 5) with 2-byte log-grid (lo, step) metadata" + at, t);
   if (kind == "qaq-rot")
     return qaq_entry<QaqQuantizer<>, Rotation<Hadamard<>>>(
         name, "QAQ with K and V Hadamard-rotated (outliers taken first, the residual rotated)" + at, t);
