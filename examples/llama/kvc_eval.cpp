@@ -24,7 +24,7 @@
 //
 // QAQ schemes (qaq_eval.hpp: qaq:KS:VS, qaq-n1:KS:VS, qaq-a0:KS:VS, qaq-rot:KS:VS, qaq-rotk:KS:VS,
 // qaq-rotv:KS:VS, qaq-a0-rot:KS:VS, qaq-a0n1-rot:KS:VS, qaq-a0n1-rot-lm:KS:VS, qaq-lm:KS:VS, qaq-uB,
-// qaq-uB-rot and qaq-uB-lm) need the ||q||^2 calibration:
+// qaq-uB-rot, qaq-uB-lm, qaq-uB-a0-rot and qaq-uB-a0-rot-lm) need the ||q||^2 calibration:
 // --qaq-calibration FILE loads it (written by an earlier run: a mismatched model shape is an error), else it is computed by an exact run over the --qaq-calibration-tokens
 // (default 1024) tokens that follow the evaluated ones in the text (disjoint from them) and, with FILE, saved
 // there.

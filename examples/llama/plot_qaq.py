@@ -7,7 +7,9 @@ Left: quality against honest bits per element (everything counted: codes, lo/ste
 channels, token ids, attention histories): the QAQ curve (qaq:KS:VS, one point per pair of error
 targets) beside per-token uniform quantization with the same codec and outliers (qaq-uB, the paper's
 Fig. 4 baseline), the n = 1 (qaq-n1) and alpha = 0 (qaq-a0) ablations, and, where the files have them, the
-same curve and baseline with 2-byte metadata (qaq-lm:KS:VS, qaq-uB-lm); top ΔPPL, bottom KL.
+same curve and baseline with 2-byte metadata (qaq-lm:KS:VS, qaq-uB-lm), and the rotated outlier-free QAQ with
+2-byte metadata and n = 1 (qaq-a0n1-rot-lm:KS:VS) beside its own uniform baselines (qaq-uB-a0-rot, qaq-uB-a0-rot-lm);
+top ΔPPL, bottom KL.
 Right: the code widths QAQ chose for keys and values (all layers, after the run) for HIST_SCHEME.
 Every file must share the model, text and token count; schemes are merged by name (later files win).
 """
@@ -39,9 +41,12 @@ def load(paths: list[str]) -> tuple[dict, dict[str, dict]]:
 
 
 def family(name: str) -> str | None:
-    if name.startswith("qaq-u") and name.endswith("-lm"):
-        return "uniform-lm"
-    for prefix, fam in (("qaq-n1:", "n1"), ("qaq-a0:", "a0"), ("qaq:", "qaq"), ("qaq-lm:", "lm")):
+    if name.startswith("qaq-u"):
+        for suffix, fam in (("-a0-rot-lm", "uniform-a0-rot-lm"), ("-a0-rot", "uniform-a0-rot"), ("-lm", "uniform-lm")):
+            if name.endswith(suffix) and name[5:-len(suffix)].isdigit():
+                return fam
+    for prefix, fam in (("qaq-n1:", "n1"), ("qaq-a0:", "a0"), ("qaq:", "qaq"), ("qaq-lm:", "lm"),
+                        ("qaq-a0n1-rot-lm:", "a0n1-rot-lm")):
         if name.startswith(prefix):
             return fam
     if name.startswith("qaq-u") and name[5:].isdigit():
@@ -64,6 +69,11 @@ def main() -> int:
         "a0": dict(color="tab:red", marker="v", linestyle="none", label="QAQ alpha = 0"),
         "lm": dict(color="tab:cyan", marker="o", linestyle="--", label="QAQ, 2-byte metadata (qaq-lm)"),
         "uniform-lm": dict(color="tab:brown", marker="s", linestyle="--", label="uniform, 2-byte metadata (qaq-uB-lm)"),
+        "a0n1-rot-lm": dict(color="tab:green", marker="D", markersize=4,
+                            label="QAQ alpha = 0, n = 1, rotated, 2-byte metadata (qaq-a0n1-rot-lm)"),
+        "uniform-a0-rot": dict(color="tab:olive", marker="s", linestyle=":", label="uniform, no outliers, rotated (qaq-uB-a0-rot)"),
+        "uniform-a0-rot-lm": dict(color="tab:pink", marker="s", linestyle=":",
+                                  label="uniform, no outliers, rotated, 2-byte metadata (qaq-uB-a0-rot-lm)"),
     }
     fig = plt.figure(figsize=(12, 7))
     ax_ppl = fig.add_subplot(2, 2, 1)

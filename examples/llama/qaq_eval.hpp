@@ -5,13 +5,15 @@
 ///   qaq:KS:VS      QaqQuantizer<> (widths 1..8, 1 % outliers, n = 5) with sigma_S = KS, sigma_X = VS
 ///   qaq-n1:KS:VS   the attention-window ablation, n = 1 (paper Table 3)
 ///   qaq-a0:KS:VS   the outlier ablation, alpha = 0 (paper Table 2)
-///   qaq-uB         B in 2..8: every token at B bits, QAQ's codec and 1 % outliers (paper Fig. 4's baseline)
+///   qaq-uB         B in 1..6, 8: every token at B bits, QAQ's codec and 1 % outliers (paper Fig. 4's baseline)
 ///   qaq-rot:KS:VS  qaq:KS:VS with K and V Hadamard-rotated (rotate/rotation.hpp; the outliers taken before the
 ///                  rotation, the residual rotated: qaq_cache.hpp); qaq-rotk / qaq-rotv:KS:VS one side only;
 ///                  qaq-a0-rot:KS:VS, qaq-a0n1-rot:KS:VS (alpha = 0 and n = 1) and qaq-uB-rot (B = 3, 4)
 ///                  likewise
 ///   qaq-a0n1-rot-lm:KS:VS  qaq-a0n1-rot with qaq::LogMeta's 2-byte (lo, step_max) (qaq/meta_format.hpp)
 ///   qaq-lm:KS:VS   qaq:KS:VS with LogMeta; qaq-uB-lm (B = 1..4) its uniform baseline at equal metadata
+///   qaq-uB-a0-rot  B in 1..6: every token at B bits, no outliers, K and V rotated: qaq-a0(n1)-rot's baseline;
+///                  qaq-uB-a0-rot-lm (B = 2..5) the same with LogMeta, qaq-a0n1-rot-lm's (schemes_e.cpp)
 /// The key bound needs the ||q||^2 calibration (qaq/calibration.hpp): kvc-eval computes it on a segment of
 /// the text after the evaluated tokens (or loads --qaq-calibration) and passes it in RunHooks.
 /// Only AttentionMode::kFast and kExact run the step; kReference attends without probabilities, so its
