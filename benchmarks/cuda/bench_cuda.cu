@@ -309,6 +309,10 @@ int main(int argc, char** argv) {
   // The sweep's <= 4.6-bit scheme: KIVI-4 on 64-token groups, a 4-token sink on the block grid (masked rows), rotated.
   register_scheme<kvc::schemes::KiviGridSink<4>>("kivi4_b64_gsink4", {4096, 32768}, {1, 16});
   register_scheme<kvc::schemes::Rotated<kvc::schemes::KiviGridSink<4>>>("kivi4_b64_gsink4_rot", {4096, 32768}, {1, 16});
+  // AlignedLoader over a scheme's fp16 slots (the window / log set as bit planes read at the rules' tiers), beside the
+  // plain kivi2 and logquant2 rows: what the tiers' decisions cost and save per step on the device.
+  register_scheme<kvc::schemes::AlignedWindow<kvc::schemes::Kivi2>>("kivi2_aligned", {4096, 32768}, {1, 16});
+  register_scheme<kvc::schemes::AlignedWindow<kvc::schemes::LogQuant2>>("logquant2_aligned", {4096, 32768}, {1, 16});
   // AlignedKV: fp16 bit planes read at the tiers its rules choose, and every tier 16 (beside fp16's rows).
   for (int Ta : {4096, 32768})
     for (int Ba : {1, 16})

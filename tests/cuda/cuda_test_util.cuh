@@ -76,6 +76,16 @@ using RotKivi3Sink = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<3, 32,
 /// groups (every head dim), and the sweep's <= 4.6-bit scheme, Rotated<KiviGridSink<4>> (64-token blocks).
 using Kivi3GridSink = kvc::schemes::KiviGridSink<3, 32, 4, 16, 16>;
 using RotGridSink4 = kvc::schemes::Rotated<kvc::schemes::KiviGridSink<4>>;
+/// AlignedLoader over a scheme's fp16 slots (AlignedWindow: the slots as bit planes): KIVI-2's window, an odd window
+/// and sink (slots not a multiple of the block), the same rotated, LogQuant with a small W (its set evicts and moves
+/// slots within a few dozen tokens).
+using AlignedKivi2 = kvc::schemes::AlignedWindow<kvc::schemes::Kivi2>;
+using KiviOdd = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<2, 32, kvc::Axis::kChannel>>,
+                                       kvc::values<kvc::GroupQuantizer<2, 32, kvc::Axis::kToken>>,
+                                       kvc::FullPrecisionWindow<40, 3>>;
+using AlignedKiviOdd = kvc::schemes::AlignedWindow<KiviOdd>;
+using AlignedRotKiviOdd = kvc::schemes::AlignedWindow<kvc::schemes::Rotated<KiviOdd>>;
+using AlignedLogW5 = kvc::schemes::AlignedWindow<kvc::schemes::LogQuant<2, 5, 32>>;
 }  // namespace sch
 using kvc_test::scheme_name;
 using Names = kvc_test::SchemeNames;
@@ -91,6 +101,10 @@ template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sc
 template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::RotKivi3Sink> = "RotKivi3Sink";
 template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::Kivi3GridSink> = "Kivi3GridSink";
 template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::RotGridSink4> = "RotGridSink4";
+template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::AlignedKivi2> = "AlignedKivi2";
+template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::AlignedKiviOdd> = "AlignedKiviOdd";
+template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::AlignedRotKiviOdd> = "AlignedRotKiviOdd";
+template <> inline constexpr const char* kvc_test::scheme_name<kvc_cuda_test::sch::AlignedLogW5> = "AlignedLogW5";
 
 namespace kvc_cuda_test {
 

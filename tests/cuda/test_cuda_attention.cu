@@ -1,9 +1,11 @@
 // The fused CUDA decode attention against the double-precision oracle on the reconstructed cache (the
 // same packed bytes: a host cache uploaded bit for bit), across schemes, head dims 64/80/96/128/256,
 // GQA 1/4/8, ragged batches (sequences that end inside the sink, the window or a block boundary),
-// split counts, and fp32/fp16/bf16 queries.
+// split counts, and fp32/fp16/bf16 queries; with an AlignedLoader over the slots, against the oracle on the cache
+// with its window truncated as the rules decide (aligned_window_oracle.hpp, the CPU suite's).
 #include <kvc/attention/reference.hpp>
 
+#include "aligned_window_oracle.hpp"
 #include "cuda_test_util.cuh"
 
 #include <cmath>
@@ -109,6 +111,67 @@ TYPED_TEST_SUITE(CudaAttention, Cases, CaseNames);
 TYPED_TEST(CudaAttention, MatchesTheOracleOnTheReconstructedCache) {
   KVC_REQUIRE_GPU();
   check_case<TypeParam>();
+}
+
+template <class C>
+class CudaAlignedWindow : public ::testing::Test {};
+using AlignedWindowSchemes =
+    ::testing::Types<sch::AlignedKivi2, sch::AlignedKiviOdd, sch::AlignedRotKiviOdd, sch::AlignedLogW5>;
+TYPED_TEST_SUITE(CudaAlignedWindow, AlignedWindowSchemes, Names);
+
+// The slot planes read at the rules' tiers: near the oracle on the truncated window (fp32 scores of peaked
+// softmaxes against double, as the CPU's kExact), nearer it than to the untruncated cache's attention, with every
+// tier chosen somewhere; GQA 1/4/8 (one CTA holds the group, so the rules see it whole, as on the CPU), ragged
+// lengths inside the sink, the window and past block boundaries, default and one-block splits.
+TYPED_TEST(CudaAlignedWindow, RealTiersMatchTheOracleOnTheTruncatedWindow) {
+  KVC_REQUIRE_GPU();
+  using C = TypeParam;
+  static_assert(C::layout::kAlignedWindow);
+  std::size_t tiers[3] = {0, 0, 0};
+  for (int d : {64, 128})
+    for (int g : {1, 4, 8}) {
+      SCOPED_TRACE("d " + std::to_string(d) + " g " + std::to_string(g));
+      const std::vector<int> lengths = {2, 33, 64, 130, 177, 290};
+      const auto f = kvc_test::make_filled<C>(1, 2, d, lengths, 5 + d * g);
+      kvc::cuda::device_cache_t<C> dev(f.cfg);
+      dev.upload(*f.cache);
+      const int nseq = int(lengths.size()), Hq = 2 * g;
+      const auto q = kvc_test::random_query(nseq, Hq, d, 31 + g, 2.0f);  // peaked probabilities: value tiers vary
+      const float scale_log2 = 1.0f / std::sqrt(float(d)) * 1.4426950408889634f;  // the kernel's (decode_attention)
+      std::vector<float> want(q.size()), full(q.size());
+      double maxv = 0.0;
+      for (int s = 0; s < nseq; ++s) {
+        const float* qs = q.data() + std::size_t(s) * Hq * d;
+        kvc::aligned::ReadStats read;  // the CPU kernel's count; the device reports none
+        const auto tw = kvc_test::truncated_window(*f.cache, 0, s, qs, Hq, scale_log2, tiers, read);
+        const auto dq = kvc_test::dequantize(*f.cache, 0, s);
+        maxv = std::max(maxv, kvc_test::max_abs(dq.v));
+        kvc::reference::decode_attention(qs, Hq, tw.k.data(), tw.v.data(), lengths[std::size_t(s)], 2, d,
+                                         want.data() + std::size_t(s) * Hq * d);
+        kvc::reference::decode_attention(qs, Hq, dq.k.data(), dq.v.data(), lengths[std::size_t(s)], 2, d,
+                                         full.data() + std::size_t(s) * Hq * d);
+      }
+      const double truncation = kvc_test::max_abs_diff(want, full);
+      for (int forced : {0, 1}) {
+        kvc::cuda::DecodeOptions opt;
+        if (forced) {
+          opt.min_blocks_per_split = 1;
+          opt.target_ctas = 100000;
+        }
+        DeviceArray<float> dq(q), dout(q.size());
+        kvc::cuda::decode_attention_any<64, 128>(dev, 0, nseq, Hq, dq.data(), dout.data(), opt);
+        kvc::cuda::check(cudaDeviceSynchronize(), "decode_attention");
+        const std::vector<float> got = dout.get();
+        const double err = kvc_test::max_abs_diff(got, want);
+        ASSERT_LE(err, 3e-5 * (1.0 + maxv)) << "forced splits " << forced << ", truncation effect " << truncation;
+        if (truncation > 1e-4 * maxv) {  // the kernel truncated
+          ASSERT_LT(err, 0.1 * truncation) << "forced splits " << forced;
+        }
+      }
+    }
+  EXPECT_GT(tiers[0], 0u);
+  EXPECT_GT(tiers[1], 0u);
+  EXPECT_GT(tiers[2], 0u);
 }
 
 TEST(CudaAttentionErrors, BadArgumentsThrowBeforeAnyLaunch) {

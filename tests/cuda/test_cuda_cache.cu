@@ -14,7 +14,8 @@ class DeviceCache : public ::testing::Test {};
 using CacheSchemes = ::testing::Types<sch::Fp16, sch::Bf16, sch::Fp32, sch::Int8, sch::Kivi4, sch::Kivi2, sch::Kivi3Sink,
                                       sch::GearKivi2, sch::Gear4, sch::OutlierQuant4, sch::LogQuant2, sch::LogW3,
                                       sch::PartialW40, sch::PartialLogQuant2, sch::LogGear, sch::RotKivi2,
-                                      sch::RotKeysGear4, sch::RotKivi3Sink, sch::Kivi3GridSink, sch::RotGridSink4>;
+                                      sch::RotKeysGear4, sch::RotKivi3Sink, sch::Kivi3GridSink, sch::RotGridSink4,
+                                      sch::AlignedKivi2, sch::AlignedKiviOdd, sch::AlignedRotKiviOdd, sch::AlignedLogW5>;
 TYPED_TEST_SUITE(DeviceCache, CacheSchemes, Names);
 
 /// Appends `x` to both caches with the same calls: a prefill, then single tokens, then the rest; the

@@ -10,7 +10,9 @@
 /// PartialLogWindow: the device quantizes the value rows whose content changed, from their fp16 rows),
 /// identity fp32/fp16/bf16, and GEAR's block-scope outliers and low-rank residual (outliers and
 /// backbone in one kernel, bit-identical to the host; the rank-r fit by the same power_iteration code
-/// over cuBLAS/cuSOLVER, equal to the host's up to fp32 rounding). LiteralMode and LowRankInit::kWarm
+/// over cuBLAS/cuSOLVER, equal to the host's up to fp32 rounding). With an AlignedLoader the selector's
+/// slots are AlignedKV's bit planes (aligned/slot_planes.hpp), written by the device as the host writes
+/// them and read by the decode kernel at the loader's tiers. LiteralMode and LowRankInit::kWarm
 /// keep host state and are host-only (a compile error here).
 /// Errors: bad input throws kvc::Error (the host cache's messages) before anything is written; CUDA
 /// failures throw kvc::Error(kCuda) with the runtime's text. Host API; not thread-safe.
@@ -53,10 +55,6 @@ class DeviceKVCache {
   static_assert(std::is_void_v<typename R::streaming>,
                 "kvc::cuda::DeviceKVCache compresses in block mode; kvc::LiteralMode recompresses the whole history "
                 "and exists on the host only (CompressedKVCache)");
-  static_assert(std::is_void_v<typename R::loader>,
-                "kvc::cuda::DeviceKVCache: AlignedLoader over a selector's full-precision slots (slot planes) is built "
-                "on the CPU only so far (CompressedKVCache and its decode_attention); AlignedKV's own cache has its "
-                "device twin, kvc::cuda::DeviceAlignedCache");
 
  public:
   using key_quantizer = typename R::key_q;
@@ -65,7 +63,7 @@ class DeviceKVCache {
   static constexpr int kBlockTokens = R::block::kTokens;
   using rotation = typename R::rotation;  ///< NoRotation when absent
   using layout = CacheLayout<key_quantizer, value_quantizer, selector, kBlockTokens, typename R::key_corr,
-                             typename R::value_corr, typename R::stream_outliers, rotation>;
+                             typename R::value_corr, typename R::stream_outliers, rotation, typename R::loader>;
   using params_type = typename layout::Params;
   using key_format = typename layout::key_format;
   using value_format = typename layout::value_format;
@@ -83,8 +81,8 @@ class DeviceKVCache {
     const std::size_t d = std::size_t(cfg.head_dim);
     k_blocks_ = DeviceBuffer<std::byte>(streams * cap_blocks_ * key_format::block_bytes(cfg.head_dim));
     v_blocks_ = DeviceBuffer<std::byte>(streams * cap_blocks_ * value_format::block_bytes(cfg.head_dim));
-    k_fp_ = DeviceBuffer<window_t>(streams * layout::kFpSlots * d);
-    v_fp_ = DeviceBuffer<window_t>(streams * layout::kFpSlots * d);
+    k_fp_ = DeviceBuffer<window_t>(streams * layout::kFpStride * d);  // rows, or slot planes of as many bytes
+    v_fp_ = DeviceBuffer<window_t>(streams * layout::kFpStride * d);
     v_fq_ = DeviceBuffer<std::byte>(streams * layout::kFpSlots * layout::value_row_bytes(cfg.head_dim));
     lengths_ = DeviceBuffer<int>(std::size_t(cfg.layers) * cfg.batch);
     host_lengths_.assign(std::size_t(cfg.layers) * cfg.batch, 0);
@@ -178,8 +176,8 @@ class DeviceKVCache {
                        self->lengths_.data() + std::size_t(layer) * cfg_.batch,
                        self->k_blocks_.data() + s0 * cap_blocks_ * key_format::block_bytes(cfg_.head_dim),
                        self->v_blocks_.data() + s0 * cap_blocks_ * value_format::block_bytes(cfg_.head_dim),
-                       self->k_fp_.data() + s0 * layout::kFpSlots * d,
-                       self->v_fp_.data() + s0 * layout::kFpSlots * d,
+                       self->k_fp_.data() + s0 * layout::kFpStride * d,
+                       self->v_fp_.data() + s0 * layout::kFpStride * d,
                        0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                        layout::kQuantizedFpValues
                            ? self->v_fq_.data() + s0 * layout::kFpSlots * layout::value_row_bytes(cfg_.head_dim)
@@ -251,7 +249,7 @@ class DeviceKVCache {
     const std::size_t per_layer = std::size_t(cfg_.batch) * cfg_.kv_heads, d = std::size_t(cfg_.head_dim);
     const std::size_t kb = per_layer * cap_blocks_ * key_format::block_bytes(cfg_.head_dim);
     const std::size_t vb = per_layer * cap_blocks_ * value_format::block_bytes(cfg_.head_dim);
-    const std::size_t fp = per_layer * layout::kFpSlots * d * sizeof(window_t);
+    const std::size_t fp = per_layer * layout::kFpStride * d * sizeof(window_t);
     const std::size_t fq = per_layer * layout::kFpSlots * layout::value_row_bytes(cfg_.head_dim);
     for (int l = 0; l < cfg_.layers; ++l) {
       const params_type h = host.params(l), g = params(l);
@@ -362,8 +360,14 @@ class DeviceKVCache {
       const int threads = d < 256 ? d : 256;
       detail::gather_slots_kernel<layout><<<grid, threads, 0, stream>>>(p, seq, dev_dst + count, k, v, tmp.data());
       check_launch("gather_slots_kernel");
-      detail::scatter_slots_kernel<layout><<<grid, threads, 0, stream>>>(p, seq, dev_dst, tmp.data());
-      check_launch("scatter_slots_kernel");
+      if constexpr (layout::kAlignedWindow) {  // one CTA per KV head: threads own whole nibble bytes
+        detail::scatter_slot_planes_kernel<layout><<<unsigned(H), threads, 0, stream>>>(p, seq, dev_dst, count,
+                                                                                         tmp.data());
+        check_launch("scatter_slot_planes_kernel");
+      } else {
+        detail::scatter_slots_kernel<layout><<<grid, threads, 0, stream>>>(p, seq, dev_dst, tmp.data());
+        check_launch("scatter_slots_kernel");
+      }
     }
     if constexpr (layout::kQuantizedFpValues)
       if (!requantize.empty()) {

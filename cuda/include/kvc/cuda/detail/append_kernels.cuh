@@ -20,12 +20,16 @@ namespace kvc::cuda::detail {
 inline constexpr int kAppendThreads = 256;
 
 /// Element c of row source `src` (kvc::detail::input_source, cache/append_plan.hpp) of one side as the host's slots hold it: an old slot
-/// is read from its row, an input token rounded through the window storage.
+/// is read from its row (or, with an AlignedLoader, from its slot planes, whole), an input token rounded through the
+/// window storage.
 template <class Layout>
 __device__ float source_value(const typename Layout::Params& p, Side side, int seq, int head, int src, int c,
                               const float* in) {
   using W = typename Layout::window_t;
-  if (src >= 0) return StorageTraits<W>::load(p.fp_slot_row(side, seq, head, src)[c]);
+  if (src >= 0) {
+    if constexpr (Layout::kAlignedWindow) return kvc::detail::half_bits_to_float(p.fp_planes(side, seq, head).bits(src, c));
+    else return StorageTraits<W>::load(p.fp_slot_row(side, seq, head, src)[c]);
+  }
   const float x = in[(std::size_t(-1 - src) * p.kv_heads + head) * p.head_dim + c];
   return StorageTraits<W>::load(StorageTraits<W>::store(x));
 }
@@ -253,6 +257,27 @@ __global__ void scatter_slots_kernel(const __grid_constant__ typename Layout::Pa
     kr[c] = StorageTraits<W>::store(in[c]);
     vr[c] = StorageTraits<W>::store(in[d + c]);
   }
+}
+
+/// Phase 2 with an AlignedLoader: stores the count gathered rows into slots dst[0, count) of the slot planes of KV
+/// head blockIdx.x, both sides (SlotPlanes::set_bits, as the host's store_row). Two elements share each nibble byte
+/// (keys: slots 2j, 2j + 1 of one channel; values: channels 2j, 2j + 1 of one slot), so a thread owns a key channel
+/// or a value channel pair and walks the slots in order: no byte is written by two threads.
+template <class Layout>
+__global__ void scatter_slot_planes_kernel(const __grid_constant__ typename Layout::Params p, int seq,
+                                           const int* __restrict__ dst, int count, const float* __restrict__ tmp) {
+  static_assert(Layout::kAlignedWindow, "kvc::cuda: slot planes exist with an AlignedLoader only");
+  const int head = blockIdx.x, d = p.head_dim;
+  const kvc::aligned::SlotPlanes kp = p.fp_planes(Side::kKey, seq, head), vp = p.fp_planes(Side::kValue, seq, head);
+  auto row = [&](int i) { return tmp + (std::size_t(i) * p.kv_heads + head) * 2 * d; };
+  for (int c = threadIdx.x; c < d; c += blockDim.x)  // exact: the values went through fp16 in phase 1
+    for (int i = 0; i < count; ++i) kp.set_bits(dst[i], c, half_t::from_float(row(i)[c]).bits);
+  for (int j = threadIdx.x; j < d / 2; j += blockDim.x)
+    for (int i = 0; i < count; ++i) {
+      const float* v = row(i) + d;
+      vp.set_bits(dst[i], 2 * j, half_t::from_float(v[2 * j]).bits);
+      vp.set_bits(dst[i], 2 * j + 1, half_t::from_float(v[2 * j + 1]).bits);
+    }
 }
 
 /// PartialLogWindow: quantizes the fp16 value row of slot slots[blockIdx.x] of KV head blockIdx.y into the

@@ -12,6 +12,12 @@
 /// absent corrections compile out with `if constexpr`. AlignedSinkWindow's masked rows (block 0's first
 /// kMaskedRows, holding no token) score -inf, so their probability is exactly 0, as on the CPU. Math is
 /// fp32 FMA on the decoded values, i.e. the CPU kernel's Precision::kExact.
+/// With an AlignedLoader (Layout::kAlignedWindow) the full-precision slots are bit planes, read as the CPU's
+/// DecodeKernel::aligned_window reads them (aligned_fp_tokens below): key tiers per channel from the scaled
+/// query and the live slots' Kmax (Rule 1), then per chunk of B slots its live rows' keys at those tiers, the
+/// chunk's softmax, value tiers per row from the chunk's probabilities (Rule 2: TopK candidates' tier-8 rows,
+/// Vmax), and the rows at their tiers. The rules see the CTA's query heads: the whole GQA group, as on the
+/// CPU, for groups up to 8 (a larger group is split over CTAs of 8 heads, and each picks tiers for its own).
 #pragma once
 
 #include <kvc/attention/split_merge.hpp>
@@ -20,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace kvc::cuda::detail {
 
@@ -46,7 +53,34 @@ struct DecodeSmem {
   static constexpr std::size_t stat = sc + sizeof(float) * Heads * B;                 // float m, l, alpha [Heads]
   static constexpr std::size_t kraw = align16(stat + sizeof(float) * 3 * Heads);      // staged key block
   static constexpr std::size_t vraw = align16(kraw + (KF::kIdentity ? 0 : KF::block_bytes(D)));
-  static constexpr std::size_t bytes = align16(vraw + (VF::kIdentity ? 0 : VF::block_bytes(D)));
+  static constexpr std::size_t vraw_end = align16(vraw + (VF::kIdentity ? 0 : VF::block_bytes(D)));
+  // AlignedLoader over the slots (aligned_fp_tokens; nothing otherwise): per chunk its probabilities [Heads][B],
+  // the output estimates [Heads][D], the live rows' slots and value tiers [B], the TopK candidates [Heads][K] and
+  // their counts, the references [Heads], the live-row count; per stream the key tiers, Kmax and Vmax [D] and the
+  // live mask over the slot stride.
+  static constexpr bool kPlanes = Layout::kAlignedWindow;
+  static constexpr int kTopK = [] {
+    if constexpr (kPlanes) return Layout::loader::kTopK;
+    else return 0;
+  }();
+  static constexpr std::size_t aprob = vraw_end;                                            // float [Heads][B]
+  static constexpr std::size_t aest = aprob + (kPlanes ? sizeof(float) * Heads * B : 0);    // float [Heads][D]
+  static constexpr std::size_t arows = aest + (kPlanes ? sizeof(float) * Heads * D : 0);    // int [B]
+  static constexpr std::size_t atier = arows + (kPlanes ? sizeof(int) * B : 0);             // int [B]
+  static constexpr std::size_t acand = atier + (kPlanes ? sizeof(int) * B : 0);             // int [Heads][K]
+  static constexpr std::size_t ancand = acand + sizeof(int) * Heads * kTopK;                // int [Heads]
+  static constexpr std::size_t aref = ancand + (kPlanes ? sizeof(int) * Heads : 0);         // int [Heads]
+  static constexpr std::size_t acount = aref + (kPlanes ? sizeof(int) * Heads : 0);         // int
+  static constexpr std::size_t ktier = acount + (kPlanes ? sizeof(int) : 0);                // u8 [D]
+  static constexpr std::size_t kmax = ktier + (kPlanes ? D : 0);                            // u8 [D]
+  static constexpr std::size_t vmax = kmax + (kPlanes ? D : 0);                             // u8 [D]
+  static constexpr std::size_t alive = vmax + (kPlanes ? D : 0);                            // u8 [kFpStride]
+  static constexpr std::size_t bytes = align16(alive + (kPlanes ? Layout::kFpStride : 0));
+};
+
+/// Does nothing: a chunk whose value tile its `load` fills (every chunk but the slot planes').
+struct NoLateLoad {
+  __device__ void operator()() const {}
 };
 
 /// Copies `bytes` (a multiple of 16, both 16-byte aligned) from global to shared memory, cooperatively.
@@ -149,8 +183,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
     for (int j = 0; j < kCpt; ++j) acc[h][j] = 0.0f;
   __syncthreads();
 
-  // One chunk: tiles filled by `load`, rows [masked, nt) hold tokens.
-  auto chunk = [&](int nt, int masked, auto&& load) {
+  // One chunk: tiles filled by `load` (and the value tile by `late`, after the softmax, unless it is NoLateLoad),
+  // rows [masked, nt) hold tokens.
+  auto chunk = [&](int nt, int masked, auto&& load, auto&& late) {
     load();
     __syncthreads();
     // scores: thread (token ti, slice sl)
@@ -206,6 +241,10 @@ __global__ void __launch_bounds__(kDecodeThreads)
       }
     }
     __syncthreads();
+    if constexpr (!std::is_same_v<std::decay_t<decltype(late)>, NoLateLoad>) {
+      late();
+      __syncthreads();
+    }
     // p . V: thread per channel
 #pragma unroll
     for (int j = 0; j < kCpt; ++j) {
@@ -222,27 +261,127 @@ __global__ void __launch_bounds__(kDecodeThreads)
     __syncthreads();  // the next chunk overwrites the tiles
   };
 
-  auto fp_tokens = [&] {  // the full-precision tokens (selector storage order), B at a time
-    const int nfp = p.fp_count(seq);
-    for (int i0 = 0; i0 < nfp; i0 += B) {
-      const int nt = nfp - i0 < B ? nfp - i0 : B;
-      chunk(nt, 0, [&] {
-        load_fp_rows<Layout, D>(p, Side::kKey, seq, kvh, i0, nt, kt, S::kKeyLd);
-        load_fp_rows<Layout, D>(p, Side::kValue, seq, kvh, i0, nt, vt, D);
-      });
+  auto fp_tokens = [&] {  // the full-precision tokens (selector storage order), B at a time: fp16 rows
+    if constexpr (!S::kPlanes) {
+      const int nfp = p.fp_count(seq);
+      for (int i0 = 0; i0 < nfp; i0 += B) {
+        const int nt = nfp - i0 < B ? nfp - i0 : B;
+        chunk(
+            nt, 0,
+            [&] {
+              load_fp_rows<Layout, D>(p, Side::kKey, seq, kvh, i0, nt, kt, S::kKeyLd);
+              load_fp_rows<Layout, D>(p, Side::kValue, seq, kvh, i0, nt, vt, D);
+            },
+            NoLateLoad{});
+      }
     }
   };
-  if (split == 0) fp_tokens();
+  // AlignedLoader: the slots' bit planes at the loader's tiers (file comment; DecodeKernel::aligned_window on the
+  // CPU), in chunks of B slots over the stride, each chunk's live rows in slot order.
+  auto aligned_fp_tokens = [&] {
+    if constexpr (S::kPlanes) {
+      using Loader = typename Layout::loader;
+      constexpr int SS = Layout::kFpStride, K = S::kTopK;
+      const int n = p.lengths[seq], nfp = p.fp_count(seq), tid = threadIdx.x;
+      if (nfp <= 0) return;
+      const kvc::aligned::SlotPlanes kp = p.fp_planes(Side::kKey, seq, kvh), vp = p.fp_planes(Side::kValue, seq, kvh);
+      float* aprob = reinterpret_cast<float*>(smem + S::aprob);
+      float* aest = reinterpret_cast<float*>(smem + S::aest);
+      int* rows = reinterpret_cast<int*>(smem + S::arows);
+      int* vtier = reinterpret_cast<int*>(smem + S::atier);
+      int* cand = reinterpret_cast<int*>(smem + S::acand);
+      int* ncand = reinterpret_cast<int*>(smem + S::ancand);
+      int* aref = reinterpret_cast<int*>(smem + S::aref);
+      int* count = reinterpret_cast<int*>(smem + S::acount);
+      auto* ktier = reinterpret_cast<std::uint8_t*>(smem + S::ktier);
+      auto* kmax = reinterpret_cast<std::uint8_t*>(smem + S::kmax);
+      auto* vmax = reinterpret_cast<std::uint8_t*>(smem + S::vmax);
+      auto* live = reinterpret_cast<std::uint8_t*>(smem + S::alive);
+      for (int j = tid; j < SS; j += NT) live[j] = 0;
+      __syncthreads();
+      for (int i = tid; i < nfp; i += NT) live[Layout::selector::fp_slot(n, i, B)] = 0xFF;
+      __syncthreads();
+      // Kmax / Vmax over the live slots: an fp16's exponent field is bits 6..2 of its hi8 byte.
+      for (int c = tid; c < D; c += NT) {
+        unsigned km = 0, vm = 0;
+        for (int j = 0; j < SS; ++j) {
+          km = max(km, unsigned(kp.hi()[std::size_t(c) * SS + j] & live[j] & 0x7Cu));
+          vm = max(vm, unsigned(vp.hi()[std::size_t(j) * D + c] & live[j] & 0x7Cu));
+        }
+        kmax[c] = std::uint8_t(km >> 2);
+        vmax[c] = std::uint8_t(vm >> 2);
+      }
+      __syncthreads();
+      if (tid == 0) Loader::key_tiers(qs, heads, D, kmax, ktier);  // the scaled (and rotated) query, as the CPU's
+      for (int j0 = 0; j0 < SS; j0 += B) {
+        __syncthreads();  // ktier written; the previous chunk done with rows and count
+        if (tid == 0) {
+          int m = 0;
+          for (int j = 0; j < B; ++j)
+            if (live[j0 + j]) rows[m++] = j0 + j;
+          *count = m;
+        }
+        __syncthreads();
+        const int m = *count;
+        if (m == 0) continue;
+        chunk(
+            m, 0,
+            [&] {  // keys at their channels' tiers
+              for (int i = tid; i < m * D; i += NT) {
+                const int t = i / D, c = i - t * D;
+                kt[t * S::kKeyLd + c] = kvc::detail::half_bits_to_float(kp.bits(rows[t], c, ktier[c]));
+              }
+            },
+            [&] {  // sc: each head's exp2(score - running max) of the m rows; Rule 2 on the chunk's probabilities
+              if (tid < heads) {
+                const float* w = sc + tid * B;
+                float* pr = aprob + tid * B;
+                float sum = 0.0f;
+                for (int t = 0; t < m; ++t) sum += w[t];
+                const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // all underflowed: every row adds nothing
+                for (int t = 0; t < m; ++t) pr[t] = w[t] * inv;
+                ncand[tid] = Loader::top_candidates(pr, m, cand + tid * K);
+              }
+              __syncthreads();
+              for (int i = tid; i < heads * D; i += NT) {  // the estimate over the candidates' tier-8 rows
+                const int h = i / D, c = i - h * D;
+                float e = 0.0f;
+                for (int k = 0; k < ncand[h]; ++k) {
+                  const int t = cand[h * K + k];
+                  e = fmaf(aprob[h * B + t], fabsf(kvc::detail::half_bits_to_float(vp.bits(rows[t], c, 8))), e);
+                }
+                aest[i] = e;
+              }
+              __syncthreads();
+              if (tid < heads) aref[tid] = Loader::value_reference(aest + tid * D, D, vmax);
+              __syncthreads();
+              for (int t = tid; t < m; t += NT) vtier[t] = Loader::value_tier(aprob + t, B, heads, aref);
+              __syncthreads();
+              for (int i = tid; i < m * D; i += NT) {
+                const int t = i / D, c = i - t * D;
+                vt[t * D + c] = kvc::detail::half_bits_to_float(vp.bits(rows[t], c, vtier[t]));
+              }
+            });
+      }
+    }
+  };
+  if (split == 0) {
+    fp_tokens();
+    aligned_fp_tokens();
+  }
   for (int blk = b0; blk < b1; ++blk) {
-    chunk(B, blk == 0 ? kMasked : 0, [&] {
-      const std::byte* kb = p.key_block(seq, kvh, blk);
-      const std::byte* vb = p.value_block(seq, kvh, blk);
-      if constexpr (!KF::kIdentity) stage(kb, smem + S::kraw, KF::block_bytes(D));
-      if constexpr (!VF::kIdentity) stage(vb, smem + S::vraw, VF::block_bytes(D));
-      if constexpr (!KF::kIdentity || !VF::kIdentity) __syncthreads();
-      decode_tile<KF, D>(KF::kIdentity ? kb : smem + S::kraw, kt, S::kKeyLd);
-      decode_tile<VF, D>(VF::kIdentity ? vb : smem + S::vraw, vt, D);
-    });
+    chunk(
+        B, blk == 0 ? kMasked : 0,
+        [&] {
+          const std::byte* kb = p.key_block(seq, kvh, blk);
+          const std::byte* vb = p.value_block(seq, kvh, blk);
+          if constexpr (!KF::kIdentity) stage(kb, smem + S::kraw, KF::block_bytes(D));
+          if constexpr (!VF::kIdentity) stage(vb, smem + S::vraw, VF::block_bytes(D));
+          if constexpr (!KF::kIdentity || !VF::kIdentity) __syncthreads();
+          decode_tile<KF, D>(KF::kIdentity ? kb : smem + S::kraw, kt, S::kKeyLd);
+          decode_tile<VF, D>(VF::kIdentity ? vb : smem + S::vraw, vt, D);
+        },
+        NoLateLoad{});
   }
 
   const std::size_t splits = std::size_t(gridDim.x);
