@@ -122,7 +122,8 @@ TYPED_TEST_SUITE(CudaAlignedWindow, AlignedWindowSchemes, Names);
 // The slot planes read at the rules' tiers: near the oracle on the truncated window (fp32 scores of peaked
 // softmaxes against double, as the CPU's kExact), nearer it than to the untruncated cache's attention, with every
 // tier chosen somewhere; GQA 1/4/8 (one CTA holds the group, so the rules see it whole, as on the CPU), ragged
-// lengths inside the sink, the window and past block boundaries, default and one-block splits.
+// lengths inside the sink, the window and past block boundaries, default and one-block splits. The read statistics
+// equal the oracle's replication of what the CPU kernel counts, and asking for them changes no output bit.
 TYPED_TEST(CudaAlignedWindow, RealTiersMatchTheOracleOnTheTruncatedWindow) {
   KVC_REQUIRE_GPU();
   using C = TypeParam;
@@ -140,10 +141,15 @@ TYPED_TEST(CudaAlignedWindow, RealTiersMatchTheOracleOnTheTruncatedWindow) {
       const float scale_log2 = 1.0f / std::sqrt(float(d)) * 1.4426950408889634f;  // the kernel's (decode_attention)
       std::vector<float> want(q.size()), full(q.size());
       double maxv = 0.0;
+      kvc::aligned::ReadStats want_read;  // the planes' counts replicated, summed over the sequences
+      std::size_t other = f.cache->decode_read_bytes(0);  // less each sequence's slots as fp16 rows, below
       for (int s = 0; s < nseq; ++s) {
         const float* qs = q.data() + std::size_t(s) * Hq * d;
-        kvc::aligned::ReadStats read;  // the CPU kernel's count; the device reports none
+        kvc::aligned::ReadStats read;
         const auto tw = kvc_test::truncated_window(*f.cache, 0, s, qs, Hq, scale_log2, tiers, read);
+        want_read += read;
+        other -= std::size_t(f.cfg.kv_heads) * 2 * d * 2 *
+                 kvc::detail::fp_tokens<typename C::selector>(lengths[std::size_t(s)], C::kBlockTokens);
         const auto dq = kvc_test::dequantize(*f.cache, 0, s);
         maxv = std::max(maxv, kvc_test::max_abs(dq.v));
         kvc::reference::decode_attention(qs, Hq, tw.k.data(), tw.v.data(), lengths[std::size_t(s)], 2, d,
@@ -158,7 +164,7 @@ TYPED_TEST(CudaAlignedWindow, RealTiersMatchTheOracleOnTheTruncatedWindow) {
           opt.min_blocks_per_split = 1;
           opt.target_ctas = 100000;
         }
-        DeviceArray<float> dq(q), dout(q.size());
+        DeviceArray<float> dq(q), dout(q.size()), dcounted(q.size());
         kvc::cuda::decode_attention_any<64, 128>(dev, 0, nseq, Hq, dq.data(), dout.data(), opt);
         kvc::cuda::check(cudaDeviceSynchronize(), "decode_attention");
         const std::vector<float> got = dout.get();
@@ -167,6 +173,19 @@ TYPED_TEST(CudaAlignedWindow, RealTiersMatchTheOracleOnTheTruncatedWindow) {
         if (truncation > 1e-4 * maxv) {  // the kernel truncated
           ASSERT_LT(err, 0.1 * truncation) << "forced splits " << forced;
         }
+        kvc::aligned::ReadStats read;
+        read.other_bytes = 12345;  // overwritten
+        if (d == 64) kvc::cuda::decode_attention<64>(dev, 0, nseq, Hq, dq.data(), dcounted.data(), opt, &read);
+        else kvc::cuda::decode_attention<128>(dev, 0, nseq, Hq, dq.data(), dcounted.data(), opt, &read);
+        ASSERT_EQ(dcounted.get(), got) << "counting changed the output";
+        EXPECT_EQ(read.key_bytes, want_read.key_bytes);
+        EXPECT_EQ(read.value_bytes, want_read.value_bytes);
+        for (int i = 0; i < 3; ++i) {
+          EXPECT_EQ(read.key_tiers[i], want_read.key_tiers[i]) << "tier index " << i;
+          EXPECT_EQ(read.value_tiers[i], want_read.value_tiers[i]) << "tier index " << i;
+        }
+        EXPECT_EQ(read.estimate_bytes + read.staged_bytes + read.meta_bytes, 0u);
+        EXPECT_EQ(read.other_bytes, other);
       }
     }
   EXPECT_GT(tiers[0], 0u);

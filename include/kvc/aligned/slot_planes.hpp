@@ -37,11 +37,14 @@ struct SlotPlanes {
   [[nodiscard]] KVC_HOST_DEVICE std::size_t index(int slot, int c) const noexcept {
     return keys ? std::size_t(c) * stride + slot : std::size_t(slot) * d + c;
   }
-  /// The fp16 bits of element (slot, c) as a reader of `tier` leading bits sees them.
+  /// The fp16 bits of element (slot, c) as a reader of `tier` leading bits sees them; reads only the planes the
+  /// tier needs (hi8; mid4 from tier 12; lo4 at 16).
   [[nodiscard]] KVC_HOST_DEVICE std::uint16_t bits(int slot, int c, int tier = 16) const noexcept {
     const std::size_t i = index(slot, c);
     const int sh = int(i % 2) * 4;
-    return assemble(hi()[i], std::uint8_t(mid()[i / 2] >> sh & 0xFu), std::uint8_t(lo()[i / 2] >> sh & 0xFu), tier);
+    const std::uint8_t m = tier > 8 ? std::uint8_t(mid()[i / 2] >> sh & 0xFu) : std::uint8_t(0);
+    const std::uint8_t l = tier == 16 ? std::uint8_t(lo()[i / 2] >> sh & 0xFu) : std::uint8_t(0);
+    return assemble(hi()[i], m, l, tier);
   }
   KVC_HOST_DEVICE void set_bits(int slot, int c, std::uint16_t b) const noexcept {
     const std::size_t i = index(slot, c);

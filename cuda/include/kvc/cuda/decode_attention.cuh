@@ -19,6 +19,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <vector>
 
 namespace kvc::cuda {
 
@@ -35,7 +36,8 @@ inline constexpr int kHeadDims[] = {64, 80, 96, 128, 256};
 namespace detail {
 template <class Layout, int D, int Heads, class QT>
 void launch_decode(const typename Layout::Params& p, int max_blocks, int nseq, int group, const QT* q, QT* out,
-                   float scale_log2, const DecodeOptions& opt, cudaStream_t stream) {
+                   float scale_log2, const DecodeOptions& opt, cudaStream_t stream,
+                   unsigned long long* aligned_counters = nullptr) {
   using S = DecodeSmem<Layout, D, Heads>;
   auto kernel = decode_split_kernel<Layout, D, Heads, QT>;
   const DeviceLimits dev = device_limits();
@@ -54,7 +56,7 @@ void launch_decode(const typename Layout::Params& p, int max_blocks, int nseq, i
   const std::size_t rows = std::size_t(nseq) * p.kv_heads * group;
   StreamScratch<float> ml(rows * plan.splits * 2, stream), acc(rows * plan.splits * D, stream);
   kernel<<<dim3(unsigned(plan.splits), unsigned(p.kv_heads * chunks), unsigned(nseq)), kDecodeThreads, S::bytes,
-           stream>>>(p, q, group, scale_log2, plan, ml.data(), acc.data());
+           stream>>>(p, q, group, scale_log2, plan, ml.data(), acc.data(), aligned_counters);
   check_launch("decode_split_kernel");
   decode_merge_kernel<D, QT, Rot><<<dim3(unsigned(p.kv_heads * group), unsigned(nseq)), kDecodeThreads, merge_smem,
                                     stream>>>(plan.splits, ml.data(), acc.data(), out, p.rotation, group);
@@ -85,7 +87,8 @@ inline void check_decode_call(int head_dim, int D, int batch, int kv_heads, int 
 /// token. Asynchronous on `stream`; the query is not scanned for NaN/Inf (the output would show it).
 template <class Layout, int D, class QT>
 void decode_attention(const typename Layout::Params& p, const int* host_lengths, int nseq, int query_heads, const QT* q,
-                      QT* out, const DecodeOptions& opt = {}, cudaStream_t stream = nullptr) {
+                      QT* out, const DecodeOptions& opt = {}, cudaStream_t stream = nullptr,
+                      unsigned long long* aligned_counters = nullptr) {
   detail::check_decode_call(p.head_dim, D, p.batch, p.kv_heads, nseq, query_heads,
                             q != nullptr && out != nullptr && host_lengths != nullptr, "query, output or lengths", opt);
   int max_blocks = 0;
@@ -96,9 +99,10 @@ void decode_attention(const typename Layout::Params& p, const int* host_lengths,
   }
   const float scale = (opt.scale > 0.0f ? opt.scale : 1.0f / std::sqrt(float(D))) * 1.4426950408889634f;
   const int group = query_heads / p.kv_heads;
-  if (group == 1) detail::launch_decode<Layout, D, 1, QT>(p, max_blocks, nseq, group, q, out, scale, opt, stream);
-  else if (group <= 4) detail::launch_decode<Layout, D, 4, QT>(p, max_blocks, nseq, group, q, out, scale, opt, stream);
-  else detail::launch_decode<Layout, D, 8, QT>(p, max_blocks, nseq, group, q, out, scale, opt, stream);
+  unsigned long long* c = aligned_counters;
+  if (group == 1) detail::launch_decode<Layout, D, 1, QT>(p, max_blocks, nseq, group, q, out, scale, opt, stream, c);
+  else if (group <= 4) detail::launch_decode<Layout, D, 4, QT>(p, max_blocks, nseq, group, q, out, scale, opt, stream, c);
+  else detail::launch_decode<Layout, D, 8, QT>(p, max_blocks, nseq, group, q, out, scale, opt, stream, c);
 }
 
 /// Decode attention over `layer` of a DeviceKVCache with head dimension D.
@@ -107,6 +111,35 @@ void decode_attention(const Cache& cache, int layer, int nseq, int query_heads, 
                       const DecodeOptions& opt = {}, cudaStream_t stream = nullptr) {
   decode_attention<typename Cache::layout, D, QT>(cache.params(layer), cache.host_lengths(layer), nseq, query_heads, q,
                                                   out, opt, stream);
+}
+
+/// The same over a cache whose selector's fp16 slots an AlignedLoader reads (schemes::AlignedWindow), with `stats`
+/// (host memory, non-null) set to what the step read, as the CPU's decode_attention counts it: the slot planes at
+/// the tiers the rules chose (key_bytes, value_bytes, key_tiers, value_tiers) and, in other_bytes, what it reads
+/// whole (decode_read_bytes of the attended sequences less their slots). Synchronises `stream` once.
+template <int D, class Cache, class QT>
+  requires Cache::layout::kAlignedWindow
+void decode_attention(const Cache& cache, int layer, int nseq, int query_heads, const QT* q, QT* out,
+                      const DecodeOptions& opt, aligned::ReadStats* stats, cudaStream_t stream = nullptr) {
+  KVC_CHECK(stats != nullptr, Errc::kInvalidArgument, "decode_attention: null read statistics (use the overload "
+            "without them)");
+  constexpr int K = detail::kAlignedCounters;
+  StreamScratch<unsigned long long> counters(K, stream);
+  check(cudaMemsetAsync(counters.data(), 0, sizeof(unsigned long long) * K, stream),
+        "cudaMemsetAsync (slot planes' read statistics)");
+  decode_attention<typename Cache::layout, D, QT>(cache.params(layer), cache.host_lengths(layer), nseq, query_heads, q,
+                                                  out, opt, stream, counters.data());
+  unsigned long long n[K] = {};
+  check(cudaMemcpyAsync(n, counters.data(), sizeof n, cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync (slot planes' read statistics)");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (slot planes' read statistics)");
+  *stats = aligned::ReadStats{};
+  for (int i = 0; i < 3; ++i) stats->count_keys(8 + 4 * i, std::size_t(n[i])), stats->count_values(8 + 4 * i, std::size_t(n[3 + i]));
+  stats->key_bytes += std::size_t(n[6]), stats->value_bytes += std::size_t(n[7]);
+  const auto& cfg = cache.config();
+  std::vector<int> lengths(std::size_t(cfg.batch), 0);
+  for (int s = 0; s < nseq; ++s) lengths[std::size_t(s)] = cache.length(layer, s);
+  stats->other_bytes = Cache::rules::stored_bytes(cfg, lengths.data()) - Cache::rules::slot_bytes(cfg, lengths.data());
 }
 
 namespace detail {

@@ -59,8 +59,8 @@ struct DecodeSmem {
   // their counts, the references [Heads], the live-row count; per stream the key tiers, Kmax and Vmax [D] and the
   // live mask over the slot stride.
   static constexpr bool kPlanes = Layout::kAlignedWindow;
-  static constexpr int kTopK = [] {
-    if constexpr (kPlanes) return Layout::loader::kTopK;
+  static constexpr int kTopK = [] {  // candidates per head: min(TopK, the chunk's rows)
+    if constexpr (kPlanes) return Layout::loader::kTopK < B ? Layout::loader::kTopK : B;
     else return 0;
   }();
   static constexpr std::size_t aprob = vraw_end;                                            // float [Heads][B]
@@ -77,6 +77,10 @@ struct DecodeSmem {
   static constexpr std::size_t alive = vmax + (kPlanes ? D : 0);                            // u8 [kFpStride]
   static constexpr std::size_t bytes = align16(alive + (kPlanes ? Layout::kFpStride : 0));
 };
+
+/// Slot planes' read counts (aligned_counters of decode_split_kernel): key elements read at tier 8 / 12 / 16, value
+/// elements at tier 8 / 12 / 16, hi8 key bytes (the Kmax scan), hi8 value bytes (Vmax and the estimate).
+inline constexpr int kAlignedCounters = 8;
 
 /// Does nothing: a chunk whose value tile its `load` fills (every chunk but the slot planes').
 struct NoLateLoad {
@@ -132,11 +136,13 @@ __device__ __forceinline__ void load_fp_rows(const typename Layout::Params& p, S
 
 /// The split kernel. Grid: (split, kv_head * head_chunks, sequence). Writes, per query head of the CTA,
 /// the partial state (m, l) to ml[(row * splits + split) * 2 + {0, 1}] and acc to acc[(row * splits +
-/// split) * D + c], row = sequence * query_heads + query head.
+/// split) * D + c], row = sequence * query_heads + query head. aligned_counters (kAlignedWindow layouts; may be
+/// null): [kAlignedCounters], added to by the first head chunk of each (KV head, sequence), as the CPU counts.
 template <class Layout, int D, int Heads, class QT>
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_split_kernel(const __grid_constant__ typename Layout::Params p, const QT* __restrict__ q, int group,
-                        float scale_log2, SplitPlan plan, float* __restrict__ ml, float* __restrict__ acc_out) {
+                        float scale_log2, SplitPlan plan, float* __restrict__ ml, float* __restrict__ acc_out,
+                        unsigned long long* __restrict__ aligned_counters) {
   using S = DecodeSmem<Layout, D, Heads>;
   using KF = typename Layout::key_format;
   using VF = typename Layout::value_format;
@@ -284,6 +290,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
       constexpr int SS = Layout::kFpStride, K = S::kTopK;
       const int n = p.lengths[seq], nfp = p.fp_count(seq), tid = threadIdx.x;
       if (nfp <= 0) return;
+      // what this CTA reads, counted by thread 0 (the CPU's aligned::ReadStats convention), if it counts
+      const bool counts = aligned_counters != nullptr && h0 == 0 && tid == 0;
+      unsigned long long cnt[kAlignedCounters] = {};
       const kvc::aligned::SlotPlanes kp = p.fp_planes(Side::kKey, seq, kvh), vp = p.fp_planes(Side::kValue, seq, kvh);
       float* aprob = reinterpret_cast<float*>(smem + S::aprob);
       float* aest = reinterpret_cast<float*>(smem + S::aest);
@@ -301,18 +310,23 @@ __global__ void __launch_bounds__(kDecodeThreads)
       __syncthreads();
       for (int i = tid; i < nfp; i += NT) live[Layout::selector::fp_slot(n, i, B)] = 0xFF;
       __syncthreads();
-      // Kmax / Vmax over the live slots: an fp16's exponent field is bits 6..2 of its hi8 byte.
+      // Kmax / Vmax over the live slots: an fp16's exponent field is bits 6..2 of its hi8 byte. Keys channel-major: a
+      // warp per channel, lanes over its slots (coalesced), a warp max; values slot-major: a thread per channel.
+      const int warp = tid / 32, lane = tid % 32;
+      for (int c = warp; c < D; c += NT / 32) {
+        unsigned km = 0;
+        for (int j = lane; j < SS; j += 32) km = max(km, unsigned(kp.hi()[std::size_t(c) * SS + j] & live[j] & 0x7Cu));
+        for (int o = 16; o > 0; o >>= 1) km = max(km, __shfl_xor_sync(0xffffffffu, km, o));
+        if (lane == 0) kmax[c] = std::uint8_t(km >> 2);
+      }
       for (int c = tid; c < D; c += NT) {
-        unsigned km = 0, vm = 0;
-        for (int j = 0; j < SS; ++j) {
-          km = max(km, unsigned(kp.hi()[std::size_t(c) * SS + j] & live[j] & 0x7Cu));
-          vm = max(vm, unsigned(vp.hi()[std::size_t(j) * D + c] & live[j] & 0x7Cu));
-        }
-        kmax[c] = std::uint8_t(km >> 2);
+        unsigned vm = 0;
+        for (int j = 0; j < SS; ++j) vm = max(vm, unsigned(vp.hi()[std::size_t(j) * D + c] & live[j] & 0x7Cu));
         vmax[c] = std::uint8_t(vm >> 2);
       }
       __syncthreads();
       if (tid == 0) Loader::key_tiers(qs, heads, D, kmax, ktier);  // the scaled (and rotated) query, as the CPU's
+      if (counts) cnt[6] = std::size_t(D) * SS, cnt[7] = std::size_t(nfp) * D;  // the hi8 scans above
       for (int j0 = 0; j0 < SS; j0 += B) {
         __syncthreads();  // ktier written; the previous chunk done with rows and count
         if (tid == 0) {
@@ -324,11 +338,13 @@ __global__ void __launch_bounds__(kDecodeThreads)
         __syncthreads();
         const int m = *count;
         if (m == 0) continue;
+        if (counts)  // the chunk's B slots of every channel, at the channel's tier (dead slots too, as the CPU)
+          for (int c = 0; c < D; ++c) cnt[(ktier[c] - 8) / 4] += B;
         chunk(
             m, 0,
-            [&] {  // keys at their channels' tiers
+            [&] {  // keys at their channels' tiers (channel-major planes: consecutive threads walk a channel's rows)
               for (int i = tid; i < m * D; i += NT) {
-                const int t = i / D, c = i - t * D;
+                const int c = i / m, t = i - c * m;
                 kt[t * S::kKeyLd + c] = kvc::detail::half_bits_to_float(kp.bits(rows[t], c, ktier[c]));
               }
             },
@@ -357,12 +373,17 @@ __global__ void __launch_bounds__(kDecodeThreads)
               __syncthreads();
               for (int t = tid; t < m; t += NT) vtier[t] = Loader::value_tier(aprob + t, B, heads, aref);
               __syncthreads();
+              if (counts)
+                for (int t = 0; t < m; ++t) cnt[3 + (vtier[t] - 8) / 4] += D;
               for (int i = tid; i < m * D; i += NT) {
                 const int t = i / D, c = i - t * D;
                 vt[t * D + c] = kvc::detail::half_bits_to_float(vp.bits(rows[t], c, vtier[t]));
               }
             });
       }
+      if (counts)
+        for (int i = 0; i < kAlignedCounters; ++i)
+          if (cnt[i]) atomicAdd(aligned_counters + i, cnt[i]);
     }
   };
   if (split == 0) {
