@@ -136,4 +136,25 @@ Dequant<Cache> truncated_window(const Cache& c, int layer, int seq, const float*
     }
   return r;
 }
+/// What a kernel reported reading (`got`) against the replication (`want`: truncated_window's counts summed over the
+/// attended sequences) and `other`, the bytes it reads whole: planes and tiers equal, nothing of AlignedKV's own
+/// cache (estimate, staging, metadata) counted.
+inline ::testing::AssertionResult same_reads(const kvc::aligned::ReadStats& got, const kvc::aligned::ReadStats& want,
+                                             std::size_t other) {
+  auto fail = [](const char* what, std::size_t g, std::size_t w) {
+    return ::testing::AssertionFailure() << what << ": " << g << " reported, " << w << " replicated";
+  };
+  if (got.key_bytes != want.key_bytes) return fail("key_bytes", got.key_bytes, want.key_bytes);
+  if (got.value_bytes != want.value_bytes) return fail("value_bytes", got.value_bytes, want.value_bytes);
+  static const char* const kKey[3] = {"key_tiers[8]", "key_tiers[12]", "key_tiers[16]"};
+  static const char* const kValue[3] = {"value_tiers[8]", "value_tiers[12]", "value_tiers[16]"};
+  for (int i = 0; i < 3; ++i) {
+    if (got.key_tiers[i] != want.key_tiers[i]) return fail(kKey[i], got.key_tiers[i], want.key_tiers[i]);
+    if (got.value_tiers[i] != want.value_tiers[i]) return fail(kValue[i], got.value_tiers[i], want.value_tiers[i]);
+  }
+  if (got.estimate_bytes + got.staged_bytes + got.meta_bytes != 0)
+    return fail("estimate + staged + meta bytes", got.estimate_bytes + got.staged_bytes + got.meta_bytes, 0);
+  if (got.other_bytes != other) return fail("other_bytes", got.other_bytes, other);
+  return ::testing::AssertionSuccess();
+}
 }  // namespace kvc_test
