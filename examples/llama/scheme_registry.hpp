@@ -1,6 +1,6 @@
 /// \file scheme_registry.hpp
 /// The schemes kvc-eval compares, by name. Adding a kvc cache configuration to the quality harness is
-/// one `entry<...>` line in one of the registry's parts (schemes_[a-e].cpp); the runner is instantiated
+/// one `entry<...>` line in one of the registry's parts (schemes_[a-f].cpp); the runner is instantiated
 /// for the cache type, so the engine calls the same fused attention a user's engine would for that policy set.
 #pragma once
 
@@ -204,12 +204,13 @@ class LayerSplitCache {
 };
 
 namespace detail {
-// The registry in five parts, each compiled in a file of its own (examples/llama/schemes_[a-e].cpp): every entry
+// The registry in six parts, each compiled in a file of its own (examples/llama/schemes_[a-f].cpp): every entry
 // instantiates the engine and the fused attention of its cache on every SIMD path, so one file for all of them
 // is the longest compile of the build (26 min on one core); in parts, a parallel build shares them.
 std::vector<SchemeEntry> schemes_a();  ///< uniform, KIVI, LogQuant, layer splits, GEAR
 std::vector<SchemeEntry> schemes_b();  ///< KIVI with sinks and GEAR corrections
 std::vector<SchemeEntry> schemes_c();  ///< rotated schemes beside their plain twins
+std::vector<SchemeEntry> schemes_f();  ///< ... continued (KIVI grid sinks, int4 sinks, LogQuant, GEAR)
 std::vector<SchemeEntry> schemes_d();  ///< AlignedKV and the adaptive QAQ schemes
 std::vector<SchemeEntry> schemes_e();  ///< QAQ's per-token uniform baselines
 /// A QAQ scheme named by its kind ("qaq", "qaq-n1", "qaq-a0", "qaq-rot", "qaq-rotk", "qaq-rotv", "qaq-a0-rot",
@@ -221,7 +222,8 @@ std::optional<SchemeEntry> qaq_scheme(const std::string& kind, const std::string
 inline const std::vector<SchemeEntry>& scheme_registry() {
   static const std::vector<SchemeEntry> registry = [] {
     std::vector<SchemeEntry> all;
-    for (auto part : {detail::schemes_a, detail::schemes_b, detail::schemes_c, detail::schemes_d, detail::schemes_e})
+    for (auto part : {detail::schemes_a, detail::schemes_b, detail::schemes_c, detail::schemes_f, detail::schemes_d,
+                      detail::schemes_e})
       for (SchemeEntry& e : part()) all.push_back(std::move(e));
     return all;
   }();
