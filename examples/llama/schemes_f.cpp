@@ -1,7 +1,7 @@
 /// \file schemes_f.cpp
 /// Part of kvc-eval's scheme registry (scheme_registry.hpp): rotated schemes beside their plain twins, continued
 /// from schemes_c.cpp (split from it for the build's balance: as one file it compiled for 8.5 minutes on one core,
-/// twice the next part's time, and finished last in CI's two-job build).
+/// half again the next-longest part's 343 s, and finished last in CI's two-job build).
 #include <llama/scheme_registry.hpp>
 
 namespace kvc::llama::detail {
