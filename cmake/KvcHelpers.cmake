@@ -14,8 +14,8 @@ endfunction()
 #              [OPTIONS <compile option>...] [LIBRARIES <lib>...] [TEST_PREFIX <prefix>]
 #              [NATIVE] [NO_DISCOVERY])
 #   One GoogleTest executable <name> linked to kvc::kvc and GTest::gtest_main, its tests
-#   registered with gtest_discover_tests (DISCOVERY_TIMEOUT 60) under <prefix><Suite>.<Test>.
-#   NATIVE adds -march=native when KVC_NATIVE is ON. NO_DISCOVERY builds but registers nothing
+#   registered with gtest_discover_tests (DISCOVERY_TIMEOUT 60) under <prefix><Suite>.<Test>, each
+#   run with KVC_TEST_ENVIRONMENT. NATIVE adds -march=native when KVC_NATIVE is ON. NO_DISCOVERY builds but registers nothing
 #   (e.g. for an instruction set this machine cannot run).
 function(kvc_add_test name)
   cmake_parse_arguments(PARSE_ARGV 1 arg "NATIVE;NO_DISCOVERY" "TEST_PREFIX"
@@ -40,13 +40,14 @@ function(kvc_add_test name)
     TEST_PREFIX "${arg_TEST_PREFIX}"
     TEST_LIST ${name}_TESTS
     DISCOVERY_TIMEOUT 60)
-  # gtest_discover_tests (CMake <= 3.2x) splits list-valued PROPERTIES, so set the labels from a
-  # ctest include file that runs after the discovered tests were added.
+  # gtest_discover_tests (CMake <= 3.2x) splits list-valued PROPERTIES, so set the labels (and
+  # KVC_TEST_ENVIRONMENT) from a ctest include file that runs after the discovered tests were added.
   set(labels unit ${arg_LABELS})
+  set(environment "${KVC_TEST_ENVIRONMENT}")
   set(label_file "${CMAKE_CURRENT_BINARY_DIR}/${name}_labels.cmake")
   file(CONFIGURE OUTPUT "${label_file}" CONTENT [[
 foreach(_kvc_test IN LISTS @name@_TESTS)
-  set_tests_properties("${_kvc_test}" PROPERTIES LABELS "@labels@")
+  set_tests_properties("${_kvc_test}" PROPERTIES LABELS "@labels@" ENVIRONMENT "@environment@")
 endforeach()
 ]] @ONLY)
   set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${label_file}")
