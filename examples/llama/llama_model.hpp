@@ -141,68 +141,39 @@ class LlamaModel {
   /// Teacher-forced forward pass over `tokens` with `cache` (empty, sequence 0 is used).
   /// Returns the final RMS-normalised hidden states [T][d_model]; `logits()` turns rows into logits.
   /// `fo.attention` picks how attention reads the cache; `fo.observe` / `fo.progress` are optional hooks.
+  /// Only the per-token loop over the cache is a template: the rest of a layer is compiled once
+  /// (kvc-eval instantiates this for ~130 cache types).
   template <class Cache>
   RowMatrix forward(const std::vector<std::int32_t>& tokens, Cache& cache, const ForwardOptions& fo = {}) const {
-    const int T = int(tokens.size()), d = cfg_.d_model, hd = cfg_.head_dim;
-    KVC_CHECK(T > 0, Errc::kInvalidArgument, "no tokens to evaluate");
     KVC_CHECK(cache.config().layers == cfg_.layers && cache.config().kv_heads == cfg_.kv_heads &&
-                  cache.config().head_dim == hd,
+                  cache.config().head_dim == cfg_.head_dim,
               Errc::kInvalidArgument, "cache shape does not match the model");
     for (int l = 0; l < cfg_.layers; ++l)
       KVC_CHECK(cache.length(l, 0) == 0, Errc::kInvalidArgument, "forward() needs an empty cache (layer ", l,
                 " holds ", cache.length(l, 0), " tokens)");
-
-    RowMatrix x(T, d);
-    for (int t = 0; t < T; ++t) {
-      KVC_CHECK(tokens[std::size_t(t)] >= 0 && tokens[std::size_t(t)] < cfg_.vocab, Errc::kInvalidArgument,
-                "token id ", tokens[std::size_t(t)], " at position ", t, " is outside the vocabulary of ",
-                cfg_.vocab);
-      x.row(t) = embedding_.row(tokens[std::size_t(t)]);
-    }
-    const RopeTable rope_table = make_rope_table(T);  // shared by q and k of every layer
-    RowMatrix xn(T, d), q, k, k_pre, v, attn(T, cfg_.heads * hd), gate, up;
+    Pass p = begin_pass(tokens, fo);
+    const int T = int(tokens.size()), hd = cfg_.head_dim;
     AttentionOptions opt;
     opt.num_threads = 1;  // one query token per call: parallel regions would cost more than they save
     if (fo.attention == AttentionMode::kExact) opt.precision = Precision::kExact;
-    // kReference: the layer's dequantized cache [t+1][kv_heads][head_dim], rebuilt at every position
-    // (blocks are quantized when they leave the fp window, so the contents change as t grows).
-    std::vector<float> k_deq, v_deq;
-    if (fo.attention == AttentionMode::kReference) {
-      k_deq.resize(std::size_t(T) * cfg_.kv_heads * hd);
-      v_deq.resize(k_deq.size());
-    }
     for (int l = 0; l < cfg_.layers; ++l) {
-      const LlamaLayer& L = layers_[std::size_t(l)];
-      rms_norm(x, L.attn_norm, xn);
-      q.noalias() = xn * L.wq.transpose();
-      k_pre.noalias() = xn * L.wk.transpose();
-      v.noalias() = xn * L.wv.transpose();
-      k = k_pre;
-      rope(rope_table, q, cfg_.heads);
-      rope(rope_table, k, cfg_.kv_heads);
+      attention_inputs(l, p);
       for (int t = 0; t < T; ++t) {
-        cache.append(l, 0, KVView::contiguous(k.row(t).data(), 1, cfg_.kv_heads, hd),
-                     KVView::contiguous(v.row(t).data(), 1, cfg_.kv_heads, hd));
+        cache.append(l, 0, KVView::contiguous(p.k.row(t).data(), 1, cfg_.kv_heads, hd),
+                     KVView::contiguous(p.v.row(t).data(), 1, cfg_.kv_heads, hd));
         if (fo.attention == AttentionMode::kReference) {
-          cache.dequantize(l, 0, k_deq.data(), v_deq.data());
-          reference::decode_attention(q.row(t).data(), cfg_.heads, k_deq.data(), v_deq.data(), t + 1,
-                                      cfg_.kv_heads, hd, attn.row(t).data(), opt.scale);
+          cache.dequantize(l, 0, p.k_deq.data(), p.v_deq.data());
+          reference::decode_attention(p.q.row(t).data(), cfg_.heads, p.k_deq.data(), p.v_deq.data(), t + 1,
+                                      cfg_.kv_heads, hd, p.attn.row(t).data(), opt.scale);
         } else {
-          decode_attention(cache, l, QueryView::contiguous(q.row(t).data(), 1, cfg_.heads, hd),
-                           OutputView::contiguous(attn.row(t).data(), 1, cfg_.heads, hd), opt);
+          decode_attention(cache, l, QueryView::contiguous(p.q.row(t).data(), 1, cfg_.heads, hd),
+                           OutputView::contiguous(p.attn.row(t).data(), 1, cfg_.heads, hd), opt);
         }
       }
-      if (fo.observe) fo.observe(LayerTrace{l, &q, &k, &k_pre, &v, &attn});
-      x.noalias() += attn * L.wo.transpose();
-      rms_norm(x, L.ffn_norm, xn);
-      gate.noalias() = xn * L.w_gate.transpose();
-      up.noalias() = xn * L.w_up.transpose();
-      gate = gate.unaryExpr([](float g) { return g / (1.0f + std::exp(-g)); }).cwiseProduct(up);  // SwiGLU
-      x.noalias() += gate * L.w_down.transpose();
-      if (fo.progress) fo.progress(l);
+      finish_layer(l, p, fo);
     }
-    rms_norm(x, output_norm_, xn);
-    return xn;
+    rms_norm(p.x, output_norm_, p.xn);
+    return std::move(p.xn);
   }
 
   /// Logits [rows][vocab] of final hidden states `h` (rows [first, first + n)).
@@ -212,6 +183,67 @@ class LlamaModel {
   }
 
  private:
+  /// cos/sin of position t and pair i at [t * head_dim/2 + i]; angle t * theta^(-2i/head_dim), in double.
+  struct RopeTable {
+    std::vector<float> cos, sin;
+  };
+
+  /// A forward pass's activations ([T][...] row-major).
+  struct Pass {
+    RowMatrix x, xn, q, k, k_pre, v, attn, gate, up;
+    std::vector<float> k_deq, v_deq;  ///< kReference: the layer's dequantized cache [T][kv_heads][head_dim]
+    RopeTable rope;                   ///< shared by q and k of every layer
+  };
+
+  /// Checks the tokens, embeds them and sizes the buffers.
+  Pass begin_pass(const std::vector<std::int32_t>& tokens, const ForwardOptions& fo) const {
+    const int T = int(tokens.size()), d = cfg_.d_model;
+    KVC_CHECK(T > 0, Errc::kInvalidArgument, "no tokens to evaluate");
+    Pass p;
+    p.x.resize(T, d);
+    for (int t = 0; t < T; ++t) {
+      KVC_CHECK(tokens[std::size_t(t)] >= 0 && tokens[std::size_t(t)] < cfg_.vocab, Errc::kInvalidArgument,
+                "token id ", tokens[std::size_t(t)], " at position ", t, " is outside the vocabulary of ",
+                cfg_.vocab);
+      p.x.row(t) = embedding_.row(tokens[std::size_t(t)]);
+    }
+    p.rope = make_rope_table(T);
+    p.xn.resize(T, d);
+    p.attn.resize(T, cfg_.heads * cfg_.head_dim);
+    // kReference: rebuilt at every position (blocks are quantized when they leave the fp window, so the
+    // contents change as t grows).
+    if (fo.attention == AttentionMode::kReference) {
+      p.k_deq.resize(std::size_t(T) * cfg_.kv_heads * cfg_.head_dim);
+      p.v_deq.resize(p.k_deq.size());
+    }
+    return p;
+  }
+
+  /// Layer l's q, k (post-RoPE), k_pre and v from the residual stream.
+  void attention_inputs(int l, Pass& p) const {
+    const LlamaLayer& L = layers_[std::size_t(l)];
+    rms_norm(p.x, L.attn_norm, p.xn);
+    p.q.noalias() = p.xn * L.wq.transpose();
+    p.k_pre.noalias() = p.xn * L.wk.transpose();
+    p.v.noalias() = p.xn * L.wv.transpose();
+    p.k = p.k_pre;
+    rope(p.rope, p.q, cfg_.heads);
+    rope(p.rope, p.k, cfg_.kv_heads);
+  }
+
+  /// After layer l's attention: the observer, the output projection, the SwiGLU MLP, progress.
+  void finish_layer(int l, Pass& p, const ForwardOptions& fo) const {
+    const LlamaLayer& L = layers_[std::size_t(l)];
+    if (fo.observe) fo.observe(LayerTrace{l, &p.q, &p.k, &p.k_pre, &p.v, &p.attn});
+    p.x.noalias() += p.attn * L.wo.transpose();
+    rms_norm(p.x, L.ffn_norm, p.xn);
+    p.gate.noalias() = p.xn * L.w_gate.transpose();
+    p.up.noalias() = p.xn * L.w_up.transpose();
+    p.gate = p.gate.unaryExpr([](float g) { return g / (1.0f + std::exp(-g)); }).cwiseProduct(p.up);  // SwiGLU
+    p.x.noalias() += p.gate * L.w_down.transpose();
+    if (fo.progress) fo.progress(l);
+  }
+
   static RowMatrix matrix(const GgufFile& f, const std::string& name, int rows, int cols) {
     const GgufTensorInfo& ti = f.tensor(name);
     KVC_CHECK(ti.rows() == rows && ti.row_length() == cols, Errc::kInvalidArgument, "tensor '", name, "' is [",
@@ -233,10 +265,6 @@ class LlamaModel {
     }
   }
 
-  /// cos/sin of position t and pair i at [t * head_dim/2 + i]; angle t * theta^(-2i/head_dim), in double.
-  struct RopeTable {
-    std::vector<float> cos, sin;
-  };
   RopeTable make_rope_table(int T) const {
     const int half = cfg_.head_dim / 2;
     RopeTable r{std::vector<float>(std::size_t(T) * half), std::vector<float>(std::size_t(T) * half)};

@@ -50,6 +50,29 @@ struct SchemeEntry {
 };
 
 namespace detail {
+/// One layer's attention error against an fp32 cache of the same K/V (RunHooks::measure_layer_error): sets
+/// r.layer_err2 / layer_ref2 [tr.layer]. Not a template, so kvc-eval compiles it once, not per scheme.
+inline void measure_layer_error(const LlamaConfig& c, int T, const LayerTrace& tr, SchemeRun& r) {
+  schemes::Fp32 exact(CacheConfig{1, 1, c.kv_heads, c.head_dim, T});
+  std::vector<float> out(std::size_t(c.heads) * c.head_dim);
+  AttentionOptions opt;
+  opt.num_threads = 1;
+  double e2 = 0.0, r2 = 0.0;
+  for (int t = 0; t < T; ++t) {
+    exact.append(0, 0, KVView::contiguous(tr.k->row(t).data(), 1, c.kv_heads, c.head_dim),
+                 KVView::contiguous(tr.v->row(t).data(), 1, c.kv_heads, c.head_dim));
+    decode_attention(exact, 0, QueryView::contiguous(tr.q->row(t).data(), 1, c.heads, c.head_dim),
+                     OutputView::contiguous(out.data(), 1, c.heads, c.head_dim), opt);
+    const float* a = tr.attn->row(t).data();
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      e2 += double(a[i] - out[i]) * double(a[i] - out[i]);
+      r2 += double(out[i]) * double(out[i]);
+    }
+  }
+  r.layer_err2[std::size_t(tr.layer)] = e2;
+  r.layer_ref2[std::size_t(tr.layer)] = r2;
+}
+
 /// One run with the cache `make(model.cache_config(T))` builds.
 template <class Cache, class Make>
 SchemeRun run_with(const LlamaModel& model, const std::vector<std::int32_t>& tokens, const RunHooks& hooks, Make&& make) {
@@ -59,30 +82,9 @@ SchemeRun run_with(const LlamaModel& model, const std::vector<std::int32_t>& tok
   SchemeRun r;
   r.layer_err2.assign(std::size_t(c.layers), 0.0);
   r.layer_ref2.assign(std::size_t(c.layers), 0.0);
-  // Per-layer error of the cache alone: the exact attention over the SAME K/V (this run's own inputs),
-  // so errors from earlier layers do not count twice. It uses the fp32 fused kernel in every attention
-  // mode (its own float rounding, ~1e-7 relative, is far below any scheme's error).
   auto observe = [&](const LayerTrace& tr) {
     if (hooks.observe) hooks.observe(tr);
-    if (!hooks.measure_layer_error) return;
-    schemes::Fp32 exact(CacheConfig{1, 1, c.kv_heads, c.head_dim, T});
-    std::vector<float> out(std::size_t(c.heads) * c.head_dim);
-    AttentionOptions opt;
-    opt.num_threads = 1;
-    double e2 = 0.0, r2 = 0.0;
-    for (int t = 0; t < T; ++t) {
-      exact.append(0, 0, KVView::contiguous(tr.k->row(t).data(), 1, c.kv_heads, c.head_dim),
-                   KVView::contiguous(tr.v->row(t).data(), 1, c.kv_heads, c.head_dim));
-      decode_attention(exact, 0, QueryView::contiguous(tr.q->row(t).data(), 1, c.heads, c.head_dim),
-                       OutputView::contiguous(out.data(), 1, c.heads, c.head_dim), opt);
-      const float* a = tr.attn->row(t).data();
-      for (std::size_t i = 0; i < out.size(); ++i) {
-        e2 += double(a[i] - out[i]) * double(a[i] - out[i]);
-        r2 += double(out[i]) * double(out[i]);
-      }
-    }
-    r.layer_err2[std::size_t(tr.layer)] = e2;
-    r.layer_ref2[std::size_t(tr.layer)] = r2;
+    if (hooks.measure_layer_error) measure_layer_error(c, T, tr, r);
   };
   ForwardOptions fo;
   fo.attention = hooks.attention;
