@@ -24,7 +24,11 @@
 /// bound, A5); a zero query channel or probability adds nothing, so any tier is exact for it (binade
 /// kNoBinade); O_est's binade is clamped below at -24 (fp16's last bit: A4, the alignment reference is
 /// fp16's ulp while we accumulate in fp32).
-/// Host+device: the host cache, the CPU attention and (later) the CUDA kernels share this struct.
+/// BF16 (SPEC A6, not in the paper): not served. A bf16 hi8 byte holds the sign and 7 of its 8 exponent
+/// bits, so an 8-bit tier would lose the exponent's last bit (a factor of 2). bf16 needs its own split
+/// (sign + exponent + 3 mantissa bits = 12 / 16, or 9 / 12 / 16 across bytes), thresholds and kernels. A
+/// window stored in bf16 (or fp32) under the loader fails to compile (cache/policies.hpp).
+/// Host+device: the host cache, the CPU attention and the CUDA kernels share this struct.
 #pragma once
 
 #include <kvc/config.hpp>
