@@ -15,8 +15,8 @@ endfunction()
 #              [NATIVE] [NO_DISCOVERY])
 #   One GoogleTest executable <name> linked to kvc::kvc and GTest::gtest_main, its tests
 #   registered with gtest_discover_tests (DISCOVERY_TIMEOUT 60) under <prefix><Suite>.<Test>, each
-#   run with KVC_TEST_ENVIRONMENT. NATIVE adds -march=native when KVC_NATIVE is ON. NO_DISCOVERY builds but registers nothing
-#   (e.g. for an instruction set this machine cannot run).
+#   run with KVC_TEST_ENVIRONMENT. NATIVE adds -march=native when KVC_NATIVE is ON. NO_DISCOVERY
+#   builds but registers nothing (e.g. for an instruction set this machine cannot run).
 function(kvc_add_test name)
   cmake_parse_arguments(PARSE_ARGV 1 arg "NATIVE;NO_DISCOVERY" "TEST_PREFIX"
                         "SOURCES;LABELS;DEFINITIONS;OPTIONS;LIBRARIES")
