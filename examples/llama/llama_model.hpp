@@ -142,7 +142,7 @@ class LlamaModel {
   /// Returns the final RMS-normalised hidden states [T][d_model]; `logits()` turns rows into logits.
   /// `fo.attention` picks how attention reads the cache; `fo.observe` / `fo.progress` are optional hooks.
   /// Only the per-token loop over the cache is a template: the rest of a layer is compiled once
-  /// (kvc-eval instantiates this for ~130 cache types).
+  /// (kvc-eval instantiates this for 151 cache types).
   template <class Cache>
   RowMatrix forward(const std::vector<std::int32_t>& tokens, Cache& cache, const ForwardOptions& fo = {}) const {
     KVC_CHECK(cache.config().layers == cfg_.layers && cache.config().kv_heads == cfg_.kv_heads &&

@@ -51,7 +51,9 @@ struct SchemeEntry {
 
 namespace detail {
 /// One layer's attention error against an fp32 cache of the same K/V (RunHooks::measure_layer_error): sets
-/// r.layer_err2 / layer_ref2 [tr.layer]. Not a template, so kvc-eval compiles it once, not per scheme.
+/// r.layer_err2 / layer_ref2 [tr.layer]. The exact attention over this run's own inputs, so errors from earlier
+/// layers do not count twice; the fp32 fused kernel in every attention mode (its own float rounding, ~1e-7
+/// relative, is far below any scheme's error). Not a template, so kvc-eval compiles it once, not per scheme.
 inline void measure_layer_error(const LlamaConfig& c, int T, const LayerTrace& tr, SchemeRun& r) {
   schemes::Fp32 exact(CacheConfig{1, 1, c.kv_heads, c.head_dim, T});
   std::vector<float> out(std::size_t(c.heads) * c.head_dim);
