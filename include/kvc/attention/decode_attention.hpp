@@ -19,7 +19,7 @@
 ///    with 100x key outlier channels (tests/test_attention.cpp, KernelErrorIsSmallNextToQuantization).
 ///  - kExact: float FMAs over the decoded codes; no rounding beyond float arithmetic. Slower on
 ///    <= 4-bit schemes (README: decode speed).
-/// 5..8-bit codes and uncompressed blocks use float FMAs in both.
+/// 5..8-bit codes and uncompressed blocks use float FMAs in both (one compiled kernel serves both precisions).
 ///
 /// SIMD path (AttentionOptions::isa, core/cpu_features.hpp): the portable, AVX2 and AVX-512 kernels
 /// are all compiled (per-function target attributes: this header opens a target region per path and
@@ -163,8 +163,15 @@ class FlushDenormals {
 
 namespace kvc {
 namespace detail {
+/// Whether Precision::kExact has a kernel of its own for Layout. Only a side of <= 4-bit codes (kIntDot) is computed
+/// differently (integer products under kFast, DecodeKernel::kInt); elsewhere both precisions are the same float
+/// code, so kExact runs kFast's instance and no identical copy is compiled (fp16, int8, 5..8-bit, AlignedKV).
+template <class Layout>
+inline constexpr bool kExactKernelDiffers = Layout::key_format::kIntDot || Layout::value_format::kIntDot;
+
 template <class Layout, bool Exact>
 KernelFns<Layout> kernel_fns(Isa isa) noexcept {
+  static_assert(!Exact || kExactKernelDiffers<Layout>, "kExact without <= 4-bit codes runs the kFast instance");
   switch (isa) {
 #if KVC_HAS_ISA_DISPATCH()
     case Isa::kAvx512: return {&isa_avx512::Entry<Layout, Exact>::scratch_floats, &isa_avx512::Entry<Layout, Exact>::run};
@@ -294,8 +301,9 @@ void run_decode_attention(const typename Layout::Params& p, QueryView q, OutputV
 
   const int g = q.dim1 / p.kv_heads, d = p.head_dim, nseq = q.dim0;
   const float scale = (opt.scale > 0.0f ? opt.scale : 1.0f / std::sqrt(static_cast<float>(d))) * detail::kLog2e;
-  const detail::KernelFns<Layout> fns = opt.precision == Precision::kExact
-                                            ? detail::kernel_fns<Layout, true>(isa)
+  constexpr bool kOwnExact = detail::kExactKernelDiffers<Layout>;
+  const detail::KernelFns<Layout> fns = kOwnExact && opt.precision == Precision::kExact
+                                            ? detail::kernel_fns<Layout, kOwnExact>(isa)
                                             : detail::kernel_fns<Layout, false>(isa);
 #if KVC_HAS_OPENMP()
   const int threads = opt.num_threads > 0 ? opt.num_threads : omp_get_max_threads();
