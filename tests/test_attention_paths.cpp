@@ -15,7 +15,7 @@ using namespace kvc_test;
 
 using PathSchemes = ::testing::Types<sch::Fp32, sch::Fp16, sch::Int8, sch::Kivi4, sch::Kivi2, sch::Kivi3, sch::Kivi1,
                                      sch::Kivi8, sch::Tensor4, sch::MidTok4, sch::MidKivi, sch::Chan64, sch::Sink,
-                                     sch::Mixed56, sch::Kivi4G16, sch::Kivi2G16>;
+                                     sch::Mixed56, sch::Kivi4G16, sch::Kivi2G16, sch::Kivi4B128, sch::Kivi2B128>;
 
 template <class Cache>
 class AttentionPaths : public ::testing::Test {};

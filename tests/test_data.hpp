@@ -66,6 +66,13 @@ using Kivi4G16 = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<4, 32, Axi
 using Kivi2G16 = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<2, 32, Axis::kChannel>>,
                                         kvc::values<kvc::GroupQuantizer<2, 16, Axis::kToken>>,
                                         kvc::FullPrecisionWindow<32, 4>>;
+/// 128-token blocks (GEAR-KIVI-4's): 4-bit per-channel keys with 2-bit values, and 2-bit keys with 4-bit values; the
+/// fused AVX-512 key loop runs such a block in passes over part of its tokens (DecodeKernel::fused_key_pass).
+using Kivi4B128 = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<4, 128, Axis::kChannel>>,
+                                         kvc::values<kvc::GroupQuantizer<2, 32, Axis::kToken>>,
+                                         kvc::FullPrecisionWindow<32>>;
+using Kivi2B128 = kvc::CompressedKVCache<kvc::keys<kvc::GroupQuantizer<2, 128, Axis::kChannel>>,
+                                         kvc::values<kvc::GroupQuantizer<4, 32, Axis::kToken>>>;
 /// LogQuant (LogWindow selector): the paper's configurations, and small windows whose evictions cross
 /// block boundaries often: W < B (several eviction events per block) and W > B (one event fills
 /// one or two blocks), 3-bit for the float-free int-dot path on odd bits (as PartialW40 below).
@@ -109,6 +116,8 @@ template <> inline constexpr const char* scheme_name<sch::Sink> = "Sink";
 template <> inline constexpr const char* scheme_name<sch::Mixed56> = "Mixed56";
 template <> inline constexpr const char* scheme_name<sch::Kivi4G16> = "Kivi4G16";
 template <> inline constexpr const char* scheme_name<sch::Kivi2G16> = "Kivi2G16";
+template <> inline constexpr const char* scheme_name<sch::Kivi4B128> = "Kivi4B128";
+template <> inline constexpr const char* scheme_name<sch::Kivi2B128> = "Kivi2B128";
 template <> inline constexpr const char* scheme_name<sch::LogQuant2> = "LogQuant2";
 template <> inline constexpr const char* scheme_name<sch::LogQuant4> = "LogQuant4";
 template <> inline constexpr const char* scheme_name<sch::LogW3> = "LogW3";

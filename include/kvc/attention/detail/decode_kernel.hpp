@@ -847,6 +847,18 @@ class DecodeKernel {
 #endif
   }
 
+  /// Token vectors per pass of the fused AVX-512 key loop over nh heads and cq token vectors of a block, per
+  /// codes in a packed byte: all cq where nh x cq accumulators leave room in the 32 registers for the loaded,
+  /// unpacked and broadcast vectors (nh x cq <= 16), else the largest divisor of cq that is a multiple of per
+  /// (each packed vector then belongs to one pass) with nh x it <= 16, at least per.
+  static constexpr int fused_key_pass(int nh, int cq, int per) {
+    if (nh * cq <= 16) return cq;
+    int js = per;
+    for (int j = per; j <= cq; j += per)
+      if (cq % j == 0 && nh * j <= 16) js = j;
+    return js;
+  }
+
   /// Integer version over the [c/4][t][c%4] code tile with the int8 query s.q8.
   /// Channels [c0, c1): epi(h, t, dot) gets, for query head h and tokens [t, t + N) (16 on the fused
   /// path), the integer sums sum_c q8[h][c] k^_tc as floats.
@@ -855,31 +867,60 @@ class DecodeKernel {
     const int d = d_;
 #if KVC_ISA_LEVEL_ == 2
     if constexpr (kFused<KF>) {
-      // Chunks of 64 codes = 16 tokens x 4 channels; chunk k = quad * CQ + token vector; a packed
-      // vector holds kPer consecutive chunks.
+      // Chunks of 64 codes = 16 tokens x 4 channels; chunk k = quad * CQ + token vector; packed vector m holds
+      // the kPer chunks k = m * kPer + i (code i at bits i * w of each byte).
       constexpr int w = KF::kBits, kPer = 8 / w, CQ = B / 16;
       const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << w) - 1));
+      auto code = [&](__m512i x, int i) KVC_INLINE_LAMBDA {
+        return _mm512_and_si512(_mm512_srli_epi16(x, i * w), mask);
+      };
       for_head_chunks(g_, [&]<int NH>(int h0) {
-        __m512i a[NH][CQ];
-        for (int h = 0; h < NH; ++h)
-          for (int j = 0; j < CQ; ++j) a[h][j] = _mm512_setzero_si512();
-        const int m0 = (c0 / 4) * CQ / kPer, m1 = (c1 / 4) * CQ / kPer;
-        for (int m = m0; m < m1; ++m) {
-          const __m512i x = _mm512_loadu_si512(s.kpacked + std::size_t(m) * 64);
-          s.prefetch_step();
-#  pragma GCC unroll 4
-          for (int i = 0; i < kPer; ++i) {
-            const __m512i code = _mm512_and_si512(_mm512_srli_epi16(x, i * w), mask);
-            const int k = m * kPer + i, quad = k / CQ, j = k % CQ;
-            for (int h = 0; h < NH; ++h) {
-              std::int32_t qq;
-              std::memcpy(&qq, q8 + std::size_t(h0 + h) * d + quad * 4, 4);
-              a[h][j] = _mm512_dpbusd_epi32(a[h][j], code, _mm512_set1_epi32(qq));
+        // Each head's int8 query quad is broadcast once per channel quad (and pass) into a register.
+        auto broadcast = [&](int quad, __m512i (&qb)[NH]) KVC_INLINE_LAMBDA {
+          for (int h = 0; h < NH; ++h) {
+            std::int32_t qq;
+            std::memcpy(&qq, q8 + std::size_t(h0 + h) * d + quad * 4, 4);
+            qb[h] = _mm512_set1_epi32(qq);
+          }
+        };
+        // JS token vectors per pass (fused_key_pass): all CQ for blocks of <= 64 tokens, passes over fewer for
+        // longer ones (GEAR-KIVI's 128 tokens: 4 x 8 accumulators would spill). Exact int32 sums: the same
+        // scores in any order.
+        constexpr int JS = fused_key_pass(NH, CQ, kPer);
+        static_assert(CQ % JS == 0 && (kPer > CQ ? JS == CQ : JS % kPer == 0));
+        for (int j0 = 0; j0 < CQ; j0 += JS) {
+          __m512i a[NH][JS], qb[NH];
+          for (int h = 0; h < NH; ++h)
+            for (int j = 0; j < JS; ++j) a[h][j] = _mm512_setzero_si512();
+          if constexpr (kPer <= CQ) {  // a packed vector inside one quad: per quad, the pass's JS / kPer vectors
+            for (int quad = c0 / 4; quad < c1 / 4; ++quad) {
+              broadcast(quad, qb);
+              for (int v = 0; v < JS / kPer; ++v) {
+                const std::size_t m = (std::size_t(quad) * CQ + j0) / kPer + v;
+                const __m512i x = _mm512_loadu_si512(s.kpacked + m * 64);
+                s.prefetch_step();
+                for (int i = 0; i < kPer; ++i) {
+                  const __m512i c = code(x, i);
+                  for (int h = 0; h < NH; ++h) a[h][v * kPer + i] = _mm512_dpbusd_epi32(a[h][v * kPer + i], c, qb[h]);
+                }
+              }
+            }
+          } else {  // a packed vector spans kPer / CQ quads (2-bit codes, 32-token blocks); one pass (JS == CQ)
+            for (int m = (c0 / 4) * CQ / kPer; m < (c1 / 4) * CQ / kPer; ++m) {
+              const __m512i x = _mm512_loadu_si512(s.kpacked + std::size_t(m) * 64);
+              s.prefetch_step();
+              for (int qi = 0; qi < kPer / CQ; ++qi) {
+                broadcast(m * (kPer / CQ) + qi, qb);
+                for (int j = 0; j < CQ; ++j) {
+                  const __m512i c = code(x, qi * CQ + j);
+                  for (int h = 0; h < NH; ++h) a[h][j] = _mm512_dpbusd_epi32(a[h][j], c, qb[h]);
+                }
+              }
             }
           }
+          for (int h = 0; h < NH; ++h)
+            for (int j = 0; j < JS; ++j) epi(h0 + h, (j0 + j) * 16, F{_mm512_cvtepi32_ps(a[h][j])});
         }
-        for (int h = 0; h < NH; ++h)
-          for (int j = 0; j < CQ; ++j) epi(h0 + h, j * 16, F{_mm512_cvtepi32_ps(a[h][j])});
       });
       return;
     }
