@@ -22,7 +22,7 @@
 #include <vector>
 
 
-// Every scheme's attention kernels (3 SIMD paths x 2 precisions) are compiled once per test binary,
+// Every scheme's attention kernels (3 SIMD paths x its precisions) are compiled once per test binary,
 // in tests/test_kernel_instances_*.cpp, not in every test source that calls them (compile time).
 #define KVC_TEST_SCHEMES_A(X) X(Fp32) X(Fp16) X(Int8) X(Kivi4) X(Kivi2) X(Kivi3) X(Kivi1) X(Kivi8) X(Kivi4B128) X(Kivi2B128)
 #define KVC_TEST_SCHEMES_B(X) X(Tensor4) X(MidTok4) X(MidKivi) X(Chan64) X(Sink) X(SinkGrid) X(Mixed56) X(Kivi4G16) X(Kivi2G16)
