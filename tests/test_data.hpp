@@ -224,8 +224,14 @@ inline KV random_kv(int T, int H, int d, std::uint64_t seed, const GenOptions& o
       kscale[std::size_t(h) * d + c] = 0.5f + u01(rng);
       voff[std::size_t(h) * d + c] = o.value_offset * n01(rng);
     }
-    for (int i = 0; i < o.outlier_channels; ++i) {
-      const int c = static_cast<int>(rng() % static_cast<std::uint64_t>(d));
+    // Distinct channels: a channel drawn twice got outlier_scale^2 (one drawn three times at 60 went past fp16's
+    // range). Redrawing on a collision leaves every data set whose draws do not collide unchanged.
+    std::vector<int> picked;
+    for (int i = 0; i < std::min(o.outlier_channels, d); ++i) {
+      int c;
+      do c = static_cast<int>(rng() % static_cast<std::uint64_t>(d));
+      while (std::find(picked.begin(), picked.end(), c) != picked.end());
+      picked.push_back(c);
       kscale[std::size_t(h) * d + c] *= o.outlier_scale;
       koff[std::size_t(h) * d + c] *= o.outlier_scale * 0.5f;
     }
