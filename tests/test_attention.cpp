@@ -43,8 +43,8 @@ template <class Cache>
 class Attention : public ::testing::Test {
  protected:
   static constexpr bool kOneBit = Cache::key_format::kBits == 1 || Cache::value_format::kBits == 1;
-  static constexpr double kMaxRel = kIntDot<Cache> ? (kOneBit ? 0.2 : 0.1) : 0.0;
-  static constexpr double kRmsRel = kIntDot<Cache> ? (kOneBit ? 0.1 : 0.05) : 0.0;
+  static constexpr double kMaxRel = kHasIntDot<Cache> ? (kOneBit ? 0.2 : 0.1) : 0.0;
+  static constexpr double kRmsRel = kHasIntDot<Cache> ? (kOneBit ? 0.1 : 0.05) : 0.0;
   static constexpr double kFloatRel = 1e-5;
 
   /// Checks fused output `got` against the oracle `want` on the same (dequantized) data; maxv is
@@ -56,7 +56,7 @@ class Attention : public ::testing::Test {
     if (!(err <= tol))
       return ::testing::AssertionFailure() << "max|err| " << err << " > " << tol << " (max|o| " << mo << ")";
     const double r = rms_diff(got, want), ro = rms(want);
-    if (kIntDot<Cache> && !(r <= kRmsRel * ro + kFloatRel * maxv))
+    if (kHasIntDot<Cache> && !(r <= kRmsRel * ro + kFloatRel * maxv))
       return ::testing::AssertionFailure() << "rms err " << r << " > " << kRmsRel << " * rms(o) " << ro;
     return ::testing::AssertionSuccess() << "max|err| " << err;
   }
@@ -139,7 +139,7 @@ TYPED_TEST(Attention, IntDotErrorIsSmallNextToQuantizationError) {
     const auto deq = oracle_cache(*f.cache, 0, q, 2, 4);
     const auto org = oracle_data(f.data[0], q, 2, 4);
     const double kernel = rms_diff(got, deq), quant = rms_diff(deq, org);
-    if constexpr (kIntDot<Cache>) {
+    if constexpr (kHasIntDot<Cache>) {
       EXPECT_LE(kernel, 0.5 * quant) << "int-dot rms error " << kernel << " vs quantization rms error " << quant;
     } else {
       EXPECT_LE(kernel, 1e-5 * rms(deq) + 1e-3 * quant);
@@ -164,7 +164,7 @@ TYPED_TEST(Attention, ThreadsAndSplitsDoNotChangeTheResult) {
     ASSERT_GT(f.cache->quantized_blocks(0, 0), 8);
     // Splits change only the float summation order (and, for <= 4-bit values, the uint8 weight
     // rounding of blocks whose running maximum differs): a small multiple of the float tolerance.
-    const double tol = (kIntDot<Cache> ? 2e-3 : 1e-5) * max_abs(a);  // measured <= 5.4e-4 / 2.6e-6
+    const double tol = (kHasIntDot<Cache> ? 2e-3 : 1e-5) * max_abs(a);  // measured <= 5.4e-4 / 2.6e-6
     for (int threads : {1, 2}) {
       for (int split : {1, 3}) {
         kvc::AttentionOptions o{};
@@ -256,7 +256,7 @@ TYPED_TEST(Attention, HugeScoresAreSoftmaxStable) {
       EXPECT_GE(got[std::size_t(ch)], lo - 1e-4f) << "channel " << ch;
       EXPECT_LE(got[std::size_t(ch)], hi + 1e-4f) << "channel " << ch;
     }
-    if constexpr (!kIntDot<Cache>) {
+    if constexpr (!kHasIntDot<Cache>) {
       EXPECT_TRUE(TestFixture::close(got, want, max_abs(dq.v)));
     }
   }
@@ -338,7 +338,7 @@ TYPED_TEST(Attention, ScaleOptionStridedViewsAndSequenceSubsets) {
     const std::vector<float> q2(q.begin(), q.begin() + 2 * Hq * d);
     const auto sub = fused(*f.cache, 0, q2, 2, Hq, o);
     const std::vector<float> got2(got.begin(), got.begin() + 2 * Hq * d);
-    EXPECT_LE(max_abs_diff(sub, got2), (kIntDot<Cache> ? 2e-3 : 1e-5) * max_abs(got2));
+    EXPECT_LE(max_abs_diff(sub, got2), (kHasIntDot<Cache> ? 2e-3 : 1e-5) * max_abs(got2));
   }
 }
 

@@ -61,7 +61,7 @@ TYPED_TEST(AttentionPaths, EveryHeadDimOnEveryPath) {
       // test_attention.cpp (10% / 5%, 1-bit codes 20% / 10%).
       const auto fast = fused(*f.cache, 0, q, 2, 6);
       ASSERT_TRUE(all_finite(fast));
-      if constexpr (kIntDot<Cache>) {
+      if constexpr (kHasIntDot<Cache>) {
         constexpr bool one_bit = Cache::key_format::kBits == 1 || Cache::value_format::kBits == 1;
         EXPECT_LE(max_abs_diff(fast, want), 1e-5 * maxv + (one_bit ? 0.2 : 0.1) * mo) << "fast precision";
         EXPECT_LE(rms_diff(fast, want), 1e-5 * maxv + (one_bit ? 0.1 : 0.05) * ro) << "fast precision";
@@ -72,7 +72,7 @@ TYPED_TEST(AttentionPaths, EveryHeadDimOnEveryPath) {
       // rounding tie, one uint8 weight level), except where AVX2 computes a key block in float
       // instead of adding a second int8 query plane (both well inside the tolerance above).
       if (first.empty()) first = fast;
-      else EXPECT_LE(max_abs_diff(fast, first), kIntDot<Cache> ? 1e-2 * mo : 1e-5 * maxv) << "differs from the portable path";
+      else EXPECT_LE(max_abs_diff(fast, first), kHasIntDot<Cache> ? 1e-2 * mo : 1e-5 * maxv) << "differs from the portable path";
     }
   }
   EXPECT_GE(dims, 3) << "the scheme accepts too few head dims to test";
@@ -119,7 +119,7 @@ TYPED_TEST(AttentionPaths, KernelErrorIsSmallNextToQuantization) {
         SCOPED_TRACE(kvc::isa_name(isa));
         const double fast = rms_diff(fused(*f.cache, 0, q, 2, Hq), deq);
         const double exact = rms_diff(fused(*f.cache, 0, q, 2, Hq, exact_options()), deq);
-        if constexpr (kIntDot<Cache>) {
+        if constexpr (kHasIntDot<Cache>) {
           EXPECT_LE(fast, 0.25 * quant) << "fast kernel rms error " << fast << " vs quantization " << quant;
           ::testing::Test::RecordProperty(std::string("ratio_") + kvc::isa_name(isa) + "_" + std::to_string(int(outlier)) + "x_" +
                              std::to_string(int(spread)),

@@ -402,7 +402,7 @@ TYPED_TEST(GearAttention, MatchesOracleOnTheReconstructedCache) {
         opt.precision = prec;
         const auto got = fused(*f.cache, 0, q, nseq, sh.q_heads, opt);
         ASSERT_TRUE(all_finite(got));
-        const bool exact = prec == kvc::Precision::kExact || !kIntDot<Cache>;
+        const bool exact = prec == kvc::Precision::kExact || !kHasIntDot<Cache>;
         const double tol = exact ? 2e-5 * maxv : 1e-5 * maxv + 0.1 * max_abs(want);
         EXPECT_LE(max_abs_diff(got, want), tol)
             << "d " << sh.d << " heads " << sh.q_heads << "/" << sh.kv_heads << (exact ? " exact" : " fast");

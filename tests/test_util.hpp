@@ -41,9 +41,7 @@ using AllSchemes = ::testing::Types<sch::Fp32, sch::Fp16, sch::Int8, sch::Kivi4,
                                     sch::Kivi8, sch::Tensor4, sch::MidTok4, sch::MidKivi, sch::Chan64, sch::Sink,
                                     sch::SinkGrid, sch::Mixed56>;
 
-/// True when either side reads <= 4-bit codes through the integer dot products.
-template <class Cache>
-inline constexpr bool kIntDot = Cache::key_format::kIntDot || Cache::value_format::kIntDot;
+using kvc::kHasIntDot;  // either side reads <= 4-bit codes through integer dot products under kFast
 
 // ------------------------------------------------------------------------------------------------
 // Attention runners

@@ -162,16 +162,17 @@ class FlushDenormals {
 #undef KVC_ATTENTION_INTERNAL
 
 namespace kvc {
+/// Whether either side of T (a CacheLayout or a cache) reads <= 4-bit codes through integer dot products under
+/// Precision::kFast (DecodeKernel::kInt). Only such schemes compute kFast and kExact differently, so only they compile
+/// a kExact kernel of their own; elsewhere (fp16, int8, 5..8-bit, AlignedKV) kExact runs kFast's instance.
+template <class T>
+inline constexpr bool kHasIntDot = T::key_format::kIntDot || T::value_format::kIntDot;
+
 namespace detail {
-/// Whether Precision::kExact has a kernel of its own for Layout. Only a side of <= 4-bit codes (kIntDot) is computed
-/// differently (integer products under kFast, DecodeKernel::kInt); elsewhere both precisions are the same float
-/// code, so kExact runs kFast's instance and no identical copy is compiled (fp16, int8, 5..8-bit, AlignedKV).
-template <class Layout>
-inline constexpr bool kExactKernelDiffers = Layout::key_format::kIntDot || Layout::value_format::kIntDot;
 
 template <class Layout, bool Exact>
 KernelFns<Layout> kernel_fns(Isa isa) noexcept {
-  static_assert(!Exact || kExactKernelDiffers<Layout>, "kExact without <= 4-bit codes runs the kFast instance");
+  static_assert(!Exact || kHasIntDot<Layout>, "kExact without <= 4-bit codes runs the kFast instance");
   switch (isa) {
 #if KVC_HAS_ISA_DISPATCH()
     case Isa::kAvx512: return {&isa_avx512::Entry<Layout, Exact>::scratch_floats, &isa_avx512::Entry<Layout, Exact>::run};
@@ -301,7 +302,7 @@ void run_decode_attention(const typename Layout::Params& p, QueryView q, OutputV
 
   const int g = q.dim1 / p.kv_heads, d = p.head_dim, nseq = q.dim0;
   const float scale = (opt.scale > 0.0f ? opt.scale : 1.0f / std::sqrt(static_cast<float>(d))) * detail::kLog2e;
-  constexpr bool kOwnExact = detail::kExactKernelDiffers<Layout>;
+  constexpr bool kOwnExact = kHasIntDot<Layout>;
   const detail::KernelFns<Layout> fns = kOwnExact && opt.precision == Precision::kExact
                                             ? detail::kernel_fns<Layout, kOwnExact>(isa)
                                             : detail::kernel_fns<Layout, false>(isa);
