@@ -10,6 +10,17 @@ function(kvc_native_flags target)
   endif()
 endfunction()
 
+# kvc_native_target_only(<target>)
+#   kvc_native_flags(<target>) and, when KVC_NATIVE is ON, KVC_DISPATCH_TARGET_ONLY (core/cpu_features.hpp): the
+#   program runs only where it was built, so only the portable path and the one SIMD path -march=native targets
+#   are compiled, not the path the CPU cannot run or the narrower one it never chooses.
+function(kvc_native_target_only target)
+  kvc_native_flags(${target})
+  if(KVC_NATIVE AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang|IntelLLVM")
+    target_compile_definitions(${target} PRIVATE KVC_DISPATCH_TARGET_ONLY)
+  endif()
+endfunction()
+
 # kvc_add_test(<name> SOURCES <src>... [LABELS <label>...] [DEFINITIONS <def>...]
 #              [OPTIONS <compile option>...] [LIBRARIES <lib>...] [TEST_PREFIX <prefix>]
 #              [NATIVE] [NO_DISCOVERY])

@@ -1,6 +1,6 @@
 // QAQ (SPEC §2) below the cache: the width rule against hand-computed cases and its guards, the attention
 // history, the per-token codec (outliers, exact width nesting, restore from the original), the record format
-// (packing, lowering, raising) and the calibration file. Also built with -march=native (kvc_tests_qaq_native):
+// (packing, lowering, raising) and the calibration file. Also built with -march=native (kvc_tests_native):
 // the record format packs with BMI2 pext and re-encodes raises with AVX2 where the compiler targets them.
 // calibration.hpp first: its kvc::qaq::detail must not hide kvc::detail from the QAQ headers after it
 #include <kvc/qaq/calibration.hpp>

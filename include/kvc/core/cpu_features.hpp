@@ -3,10 +3,15 @@
 /// supports (CPUID, read once and cached), and the pin a user or test may set. Host only.
 ///
 /// Contract:
-///  - A build contains the portable path always, and, on x86-64 with g++ or clang (unless
+///  - A build contains the portable path (always, but see KVC_DISPATCH_TARGET_ONLY), and, on x86-64 with g++ or clang (unless
 ///    KVC_DISABLE_SIMD is defined), the AVX2 (+FMA+F16C) and AVX-512 (F+BW+VL+DQ+VNNI) paths too. They
 ///    are compiled with per-function target attributes (attention/decode_attention.hpp), so a program
 ///    built for baseline x86-64 runs the AVX-512 kernels on a CPU that has them.
+///  - KVC_DISPATCH_TARGET_ONLY (defined alike in every translation unit of a program) compiles only the paths
+///    the compile target's -m flags guarantee the CPU runs: AVX-512 under -mavx512{f,bw,vl,dq,vnni}, AVX2 under
+///    -mavx2 -mfma -mf16c, the portable path only without AVX2. For programs that run only where they were built
+///    (-march=native: an evaluation harness, an engine built per machine): a third to two thirds fewer kernel
+///    instances. The others throw like any path the build lacks (kAuto too, on a CPU that runs none).
 ///  - `Isa::kAuto` means: the `KVC_FORCE_ISA` environment variable (`portable`, `avx2`, `avx512`) if it
 ///    is set, else the best path the CPU supports. Both are read once per process.
 ///  - Asking for a path the build lacks or the CPU cannot run throws kvc::Error; nothing falls back
@@ -44,12 +49,27 @@ inline constexpr const char* isa_name(Isa isa) noexcept {
 #else
 #  define KVC_HAS_ISA_DISPATCH_ 0
 #endif
-/// 1 when this build contains the AVX2 and AVX-512 attention paths (chosen at run time).
+/// 1 when this build can contain SIMD attention paths chosen at run time (which: the two below).
 #define KVC_HAS_ISA_DISPATCH() KVC_HAS_ISA_DISPATCH_
+#if KVC_HAS_ISA_DISPATCH_ && defined(KVC_DISPATCH_TARGET_ONLY)
+#  define KVC_HAS_AVX512_PATH_ KVC_HAS_AVX512()
+#  define KVC_HAS_AVX2_PATH_ KVC_HAS_AVX2()
+#  define KVC_HAS_PORTABLE_PATH_ (!KVC_HAS_AVX2())
+#else
+#  define KVC_HAS_AVX512_PATH_ KVC_HAS_ISA_DISPATCH_
+#  define KVC_HAS_AVX2_PATH_ KVC_HAS_ISA_DISPATCH_
+#  define KVC_HAS_PORTABLE_PATH_ 1
+#endif
+/// 1 when this build contains that attention path: the portable one always and the SIMD ones under
+/// KVC_HAS_ISA_DISPATCH(), unless KVC_DISPATCH_TARGET_ONLY keeps only what the target runs (at least one).
+#define KVC_HAS_PORTABLE_PATH() KVC_HAS_PORTABLE_PATH_
+#define KVC_HAS_AVX2_PATH() KVC_HAS_AVX2_PATH_
+#define KVC_HAS_AVX512_PATH() KVC_HAS_AVX512_PATH_
 
 /// Whether this build contains the path `isa` (kAuto: always).
 inline constexpr bool isa_compiled(Isa isa) noexcept {
-  return isa == Isa::kAuto || isa == Isa::kPortable || (KVC_HAS_ISA_DISPATCH() && (isa == Isa::kAvx2 || isa == Isa::kAvx512));
+  return isa == Isa::kAuto || (isa == Isa::kPortable && KVC_HAS_PORTABLE_PATH()) ||
+         (isa == Isa::kAvx2 && KVC_HAS_AVX2_PATH()) || (isa == Isa::kAvx512 && KVC_HAS_AVX512_PATH());
 }
 
 namespace detail {
@@ -125,11 +145,12 @@ inline Isa resolve_isa(Isa requested) {
     Isa forced = Isa::kAuto;
     KVC_CHECK(env == nullptr || detail::parse_isa(env, forced), Errc::kInvalidArgument, "KVC_FORCE_ISA='", env,
               "' is not one of auto, portable, avx2, avx512");
-    if (forced == Isa::kAuto) return detail::best_cpu_isa();
-    requested = forced;
+    // the best path is compiled, unless KVC_DISPATCH_TARGET_ONLY left out the portable one: checked below
+    requested = forced == Isa::kAuto ? detail::best_cpu_isa() : forced;
   }
   KVC_CHECK(isa_compiled(requested), Errc::kInvalidArgument, "the ", isa_name(requested),
-            " attention path is not compiled into this build (KVC_DISABLE_SIMD, or not x86-64 g++/clang)");
+            " attention path is not compiled into this build (KVC_DISABLE_SIMD, KVC_DISPATCH_TARGET_ONLY, or not "
+            "x86-64 g++/clang)");
   KVC_CHECK(detail::cpu_runs(requested), Errc::kInvalidArgument, "this CPU cannot run the ", isa_name(requested),
             " attention path");
   return requested;

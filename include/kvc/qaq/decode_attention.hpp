@@ -122,16 +122,18 @@ void attend(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Wi
     }
   bool (*run)(const Cache&, const typename Cache::Side&, const typename Cache::Side&, const kvc::detail::QaqStream&,
               float*) = nullptr;
-  switch (isa) {
-#if KVC_HAS_ISA_DISPATCH()
-    case Isa::kAvx512: run = &kvc::detail::isa_avx512::qaq_kernel::run_stream<Cache>; break;
-    case Isa::kAvx2: run = &kvc::detail::isa_avx2::qaq_kernel::run_stream<Cache>; break;
+  // isa is a path this build contains (resolve_isa)
+#if KVC_HAS_PORTABLE_PATH()
+  run = &kvc::detail::isa_portable::qaq_kernel::run_stream<Cache>;
 #endif
-    default: run = &kvc::detail::isa_portable::qaq_kernel::run_stream<Cache>; break;
-  }
-  // the SIMD kernels' int16 key path (the portable kernel has none): decided by the kernel actually chosen
-  const bool int16_keys =
-      opt.precision == Precision::kFast && run != &kvc::detail::isa_portable::qaq_kernel::run_stream<Cache>;
+#if KVC_HAS_AVX2_PATH()
+  if (isa == Isa::kAvx2) run = &kvc::detail::isa_avx2::qaq_kernel::run_stream<Cache>;
+#endif
+#if KVC_HAS_AVX512_PATH()
+  if (isa == Isa::kAvx512) run = &kvc::detail::isa_avx512::qaq_kernel::run_stream<Cache>;
+#endif
+  // the SIMD kernels' int16 key path (the portable kernel has none)
+  const bool int16_keys = opt.precision == Precision::kFast && isa != Isa::kPortable;
   std::vector<unsigned char> finite(std::size_t(nseq) * H, 1);
   const int streams = nseq * H;
 #if KVC_HAS_OPENMP()

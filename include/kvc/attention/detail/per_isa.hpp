@@ -7,12 +7,14 @@
 #  error "kvc/attention/detail/per_isa.hpp is private"
 #endif
 
-#define KVC_ISA_LEVEL_ 0
-#define KVC_ISA_NS isa_portable
-#include KVC_PER_ISA_HEADER
-#undef KVC_ISA_NS
-#undef KVC_ISA_LEVEL_
-#if KVC_HAS_ISA_DISPATCH()
+#if KVC_HAS_PORTABLE_PATH()
+#  define KVC_ISA_LEVEL_ 0
+#  define KVC_ISA_NS isa_portable
+#  include KVC_PER_ISA_HEADER
+#  undef KVC_ISA_NS
+#  undef KVC_ISA_LEVEL_
+#endif
+#if KVC_HAS_AVX2_PATH()
 KVC_TARGET_BEGIN_AVX2_
 #  define KVC_ISA_LEVEL_ 1
 #  define KVC_ISA_NS isa_avx2
@@ -20,6 +22,8 @@ KVC_TARGET_BEGIN_AVX2_
 #  undef KVC_ISA_NS
 #  undef KVC_ISA_LEVEL_
 KVC_TARGET_END_
+#endif
+#if KVC_HAS_AVX512_PATH()
 KVC_TARGET_BEGIN_AVX512_
 #  define KVC_ISA_LEVEL_ 2
 #  define KVC_ISA_NS isa_avx512
