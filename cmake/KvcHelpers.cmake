@@ -68,7 +68,8 @@ endfunction()
 #                   [LIBRARIES <lib>...] [BASELINE])
 #   One Google Benchmark executable linked to kvc::kvc and benchmark::benchmark (plus
 #   benchmark::benchmark_main, a static archive: only used if no source defines main()),
-#   built with -O3 and, when KVC_NATIVE is ON and BASELINE is not given, -march=native.
+#   built with -O3 and, when KVC_NATIVE is ON and BASELINE is not given, -march=native and
+#   KVC_DISPATCH_TARGET_ONLY (kvc_native_target_only).
 function(kvc_add_benchmark name)
   cmake_parse_arguments(PARSE_ARGV 1 arg "BASELINE" "" "SOURCES;DEFINITIONS;OPTIONS;LIBRARIES")
   if(arg_UNPARSED_ARGUMENTS)
@@ -88,16 +89,21 @@ function(kvc_add_benchmark name)
   endif()
   target_compile_options(${name} PRIVATE ${arg_OPTIONS})
   if(NOT arg_BASELINE)
-    kvc_native_flags(${name})
+    kvc_native_target_only(${name})  # they time the path the CPU runs (KVC_FORCE_ISA=avx2 still can, with AVX-512)
   endif()
 endfunction()
 
 # kvc_add_example(<source>)
 #   One executable per example file, named after the file stem (examples/00_quickstart.cpp ->
-#   00_quickstart), linked to kvc::kvc, -march=native when KVC_NATIVE is ON.
+#   00_quickstart), linked to kvc::kvc, -march=native when KVC_NATIVE is ON, and KVC_DISPATCH_TARGET_ONLY
+#   with it but for the quickstart (which shows every path compiled in and one chosen at run time).
 function(kvc_add_example source)
   get_filename_component(name "${source}" NAME_WLE)
   add_executable(${name} "${source}")
   target_link_libraries(${name} PRIVATE kvc::kvc)
-  kvc_native_flags(${name})
+  if(name STREQUAL "00_quickstart")
+    kvc_native_flags(${name})
+  else()
+    kvc_native_target_only(${name})
+  endif()
 endfunction()

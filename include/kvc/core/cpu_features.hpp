@@ -3,8 +3,8 @@
 /// supports (CPUID, read once and cached), and the pin a user or test may set. Host only.
 ///
 /// Contract:
-///  - A build contains the portable path (always, but see KVC_DISPATCH_TARGET_ONLY), and, on x86-64 with g++ or clang (unless
-///    KVC_DISABLE_SIMD is defined), the AVX2 (+FMA+F16C) and AVX-512 (F+BW+VL+DQ+VNNI) paths too. They
+///  - A build contains the portable path, and, on x86-64 with g++ or clang (unless KVC_DISABLE_SIMD is
+///    defined), the AVX2 (+FMA+F16C) and AVX-512 (F+BW+VL+DQ+VNNI) paths too (but see below). They
 ///    are compiled with per-function target attributes (attention/decode_attention.hpp), so a program
 ///    built for baseline x86-64 runs the AVX-512 kernels on a CPU that has them.
 ///  - KVC_DISPATCH_TARGET_ONLY (defined alike in every translation unit of a program) compiles only the paths
