@@ -5,10 +5,11 @@
 #include <kvc/core/error.hpp>
 #include <kvc/qaq/qaq_quantizer.hpp>
 
+#include "test_data.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -46,16 +47,6 @@ Coded code(const std::vector<float>& x) {
 template <int BMin = 1, int BMax = 8, int OutlierPermille = 10, int Window = 5>
 using LogQ = kvc::QaqQuantizer<BMin, BMax, OutlierPermille, Window, kvc::qaq::PaperBounds, kvc::qaq::LogMeta>;
 
-/// The kvc::Errc that f throws (a test failure when it throws none); `what` gets the message.
-inline kvc::Errc error_of(const std::function<void()>& f, std::string* what = nullptr) {
-  try {
-    f();
-  } catch (const kvc::Error& e) {
-    if (what) *what = e.what();
-    return e.code();
-  }
-  ADD_FAILURE() << "no kvc::Error thrown";
-  return kvc::Errc::kInvalidArgument;
-}
+using kvc_test::error_of;
 
 }  // namespace kvc_test::qaq

@@ -442,4 +442,18 @@ template <class Cache>
   return ::testing::AssertionSuccess();
 }
 
+/// The code of the kvc::Error f throws (the test fails when it throws none, and kCuda is returned); its message
+/// in *what when given.
+template <class F>
+kvc::Errc error_of(F&& f, std::string* what = nullptr) {
+  try {
+    f();
+  } catch (const kvc::Error& e) {
+    if (what) *what = e.what();
+    return e.code();
+  }
+  ADD_FAILURE() << "no kvc::Error thrown";
+  return kvc::Errc::kCuda;
+}
+
 }  // namespace kvc_test

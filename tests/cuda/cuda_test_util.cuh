@@ -21,18 +21,7 @@
 
 namespace kvc_cuda_test {
 
-/// The code of the kvc::Error f throws (the test fails when it throws none); its message in *what when given.
-template <class F>
-kvc::Errc error_of(F&& f, std::string* what = nullptr) {
-  try {
-    f();
-  } catch (const kvc::Error& e) {
-    if (what) *what = e.what();
-    return e.code();
-  }
-  ADD_FAILURE() << "no kvc::Error thrown";
-  return kvc::Errc::kCuda;
-}
+using kvc_test::error_of;
 
 /// A device copy of a host vector.
 template <class T>
