@@ -12,8 +12,8 @@ endfunction()
 
 # kvc_native_target_only(<target>)
 #   kvc_native_flags(<target>) and, when KVC_NATIVE is ON, KVC_DISPATCH_TARGET_ONLY (core/cpu_features.hpp): the
-#   program runs only where it was built, so only the portable path and the one SIMD path -march=native targets
-#   are compiled, not the path the CPU cannot run or the narrower one it never chooses.
+#   program runs only where it was built, so only the attention paths -march=native guarantees this CPU runs are
+#   compiled (AVX-512 and AVX2, or AVX2 alone; the portable path only without AVX2).
 function(kvc_native_target_only target)
   kvc_native_flags(${target})
   if(KVC_NATIVE AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang|IntelLLVM")
