@@ -79,19 +79,8 @@ void decode_attention(const CompressedKVCache<AlignedLoader<KLo, KHi, VLo, VHi, 
   const int nseq = q.dim0, H = cfg.kv_heads, g = q.dim1 / H, d = cfg.head_dim;
   const float scale = detail::query_scale(opt, d);
   const int tmax = *std::max_element(lengths.begin(), lengths.begin() + nseq);
-  // isa is a path this build contains (resolve_isa)
-  bool (*run)(const detail::AlignedStream&, const float*, const std::uint8_t*, float*, int*, float*, aligned::ReadStats&) =
-      nullptr;
-#if KVC_HAS_PORTABLE_PATH()
-  run = &detail::isa_portable::aligned_kernel::run_stream<Loader>;
-#endif
-#if KVC_HAS_AVX512_PATH()
-  if (isa == Isa::kAvx512) run = &detail::isa_avx512::aligned_kernel::run_stream<Loader>;
-#endif
-#if KVC_HAS_AVX2_PATH()
-  if (isa == Isa::kAvx2) run = &detail::isa_avx2::aligned_kernel::run_stream<Loader>;
-#endif
-  (void)isa;
+  // isa: a path this build contains (resolve_isa)
+  const auto run = detail::select_isa(isa, [](auto tag) { return aligned_stream_kernel<Loader>(tag); });
   const AlignedBuffer<float> qs = detail::scaled_query(q, scale);
   AlignedBuffer<float> result(std::size_t(nseq) * q.dim1 * d);
   const int streams = nseq * H;

@@ -173,18 +173,8 @@ namespace detail {
 template <class Layout, bool Exact>
 KernelFns<Layout> kernel_fns(Isa isa) noexcept {
   static_assert(!Exact || kHasIntDot<Layout>, "kExact without <= 4-bit codes runs the kFast instance");
-  (void)isa;  // a path this build contains (resolve_isa); unused when it has one path
-#if KVC_HAS_AVX512_PATH()
-  if (isa == Isa::kAvx512) return {&isa_avx512::Entry<Layout, Exact>::scratch_floats, &isa_avx512::Entry<Layout, Exact>::run};
-#endif
-#if KVC_HAS_PORTABLE_PATH()
-#  if KVC_HAS_AVX2_PATH()
-  if (isa == Isa::kAvx2) return {&isa_avx2::Entry<Layout, Exact>::scratch_floats, &isa_avx2::Entry<Layout, Exact>::run};
-#  endif
-  return {&isa_portable::Entry<Layout, Exact>::scratch_floats, &isa_portable::Entry<Layout, Exact>::run};
-#else  // KVC_DISPATCH_TARGET_ONLY with AVX2: isa is kAvx2 here
-  return {&isa_avx2::Entry<Layout, Exact>::scratch_floats, &isa_avx2::Entry<Layout, Exact>::run};
-#endif
+  // isa: a path this build contains (resolve_isa)
+  return select_isa(isa, [](auto tag) { return kernel_fns_for<Layout, Exact>(tag); });
 }
 }  // namespace detail
 

@@ -120,18 +120,8 @@ void attend(const CompressedKVCache<QaqQuantizer<BMin, BMax, OutlierPermille, Wi
       if constexpr (Cache::rotation::kKeys)  // q . k = (R q) . (R k): once per query head and step
         Cache::rotation::rotate(true, tables, h / g, d, row);
     }
-  bool (*run)(const Cache&, const typename Cache::Side&, const typename Cache::Side&, const kvc::detail::QaqStream&,
-              float*) = nullptr;
-  // isa is a path this build contains (resolve_isa)
-#if KVC_HAS_PORTABLE_PATH()
-  run = &kvc::detail::isa_portable::qaq_kernel::run_stream<Cache>;
-#endif
-#if KVC_HAS_AVX2_PATH()
-  if (isa == Isa::kAvx2) run = &kvc::detail::isa_avx2::qaq_kernel::run_stream<Cache>;
-#endif
-#if KVC_HAS_AVX512_PATH()
-  if (isa == Isa::kAvx512) run = &kvc::detail::isa_avx512::qaq_kernel::run_stream<Cache>;
-#endif
+  // isa: a path this build contains (resolve_isa)
+  const auto run = kvc::detail::select_isa(isa, [](auto tag) { return qaq_stream_kernel<Cache>(tag); });
   // the SIMD kernels' int16 key path (the portable kernel has none)
   const bool int16_keys = opt.precision == Precision::kFast && isa != Isa::kPortable;
   std::vector<unsigned char> finite(std::size_t(nseq) * H, 1);

@@ -479,3 +479,11 @@ bool run_stream(const StreamView& v, const float* q, const std::uint8_t* ktier, 
   return ok;
 }
 }  // namespace kvc::detail::KVC_ISA_NS::aligned_kernel
+
+namespace kvc::detail::KVC_ISA_NS {
+/// This path's stream kernel, found through its IsaTag by kvc::decode_attention (select_isa.hpp).
+template <class Loader>
+constexpr auto aligned_stream_kernel(IsaTag) noexcept {
+  return &aligned_kernel::run_stream<Loader>;
+}
+}  // namespace kvc::detail::KVC_ISA_NS

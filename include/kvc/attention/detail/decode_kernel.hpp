@@ -1207,7 +1207,7 @@ class DecodeKernel {
   int d_;
 };
 
-/// The entry points kvc::detail::kernel_fns hands out (compiled for this path).
+/// The entry points kvc::detail::kernel_fns hands out (compiled for this path; kernel_fns_for below).
 template <class Layout, bool Exact>
 struct Entry {
   using P = typename Layout::Params;
@@ -1224,4 +1224,9 @@ struct Entry {
     }
   }
 };
+/// This path's entry points, found through its IsaTag by kvc::detail::kernel_fns (select_isa.hpp).
+template <class Layout, bool Exact>
+KernelFns<Layout> kernel_fns_for(IsaTag) noexcept {
+  return {&Entry<Layout, Exact>::scratch_floats, &Entry<Layout, Exact>::run};
+}
 }  // namespace kvc::detail::KVC_ISA_NS

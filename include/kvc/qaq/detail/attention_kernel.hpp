@@ -701,3 +701,11 @@ bool run_stream(const Cache& cache, const typename Cache::Side& ks, const typena
   return ok;
 }
 }  // namespace kvc::detail::KVC_ISA_NS::qaq_kernel
+
+namespace kvc::detail::KVC_ISA_NS {
+/// This path's stream kernel, found through its IsaTag by kvc::decode_attention (select_isa.hpp).
+template <class Cache>
+constexpr auto qaq_stream_kernel(IsaTag) noexcept {
+  return &qaq_kernel::run_stream<Cache>;
+}
+}  // namespace kvc::detail::KVC_ISA_NS
