@@ -1,6 +1,7 @@
 // KVC_DISPATCH_TARGET_ONLY (core/cpu_features.hpp), in kvc_tests_native with the rest of that target (-march=native
 // when KVC_NATIVE): the build holds the paths the -m flags guarantee the CPU runs, the portable one only without AVX2.
-// Not named test_*.cpp: kvc_tests (all paths) must not compile it; a program defines the knob in every TU or none.
+// Not named test_*.cpp: kvc_tests (all paths) must not compile it, unless it is built with the knob too
+// (KVC_TESTS_TARGET_ONLY, tests/CMakeLists.txt); a program defines the knob in every TU or none.
 #include <kvc/attention/reference.hpp>
 #include <kvc/kvc.hpp>
 

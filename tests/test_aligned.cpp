@@ -279,11 +279,17 @@ TEST(AlignedRules, TopCandidatesAreTheStridedBucketsArgmax) {
 // index of a bucket's maximum: underflowed probabilities tie at zero), for TopK a multiple of the vector width or not.
 template <class L>
 void check_top_candidates(kvc::Isa isa) {
-  int (*fn)(const float*, int, int*) = &kvc::detail::isa_portable::aligned_kernel::top_candidates<L>;
-#if KVC_HAS_ISA_DISPATCH()
+  int (*fn)(const float*, int, int*) = nullptr;  // the paths this build contains (KVC_DISABLE_SIMD, KVC_DISPATCH_TARGET_ONLY)
+#if KVC_HAS_PORTABLE_PATH()
+  if (isa == kvc::Isa::kPortable) fn = &kvc::detail::isa_portable::aligned_kernel::top_candidates<L>;
+#endif
+#if KVC_HAS_AVX2_PATH()
   if (isa == kvc::Isa::kAvx2) fn = &kvc::detail::isa_avx2::aligned_kernel::top_candidates<L>;
+#endif
+#if KVC_HAS_AVX512_PATH()
   if (isa == kvc::Isa::kAvx512) fn = &kvc::detail::isa_avx512::aligned_kernel::top_candidates<L>;
 #endif
+  ASSERT_NE(fn, nullptr) << "runnable_isas() gave a path this build lacks: " << kvc::isa_name(isa);
   std::mt19937 rng(5);
   for (int T : {1, 7, 31, 32, 63, 64, 65, 100, 129, 1000, 4099}) {
     std::vector<float> p(std::size_t(T) + 16, 0.0f);

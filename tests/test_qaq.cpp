@@ -235,9 +235,9 @@ TEST(QaqCache, FusedStepEqualsAttentionThenUpdate) {
         for (int l = 0; l < 2; ++l)
           for (int s = 0; s < batch; ++s)
             c->append(l, s, x[std::size_t(s)].kview(0, prefill[std::size_t(s)]), x[std::size_t(s)].vview(0, prefill[std::size_t(s)]));
-      kvc::AttentionOptions opt;  // 1 thread: the portable kernel; 3: kExact; 2: the default
+      kvc::AttentionOptions opt;  // 1 thread: the portable kernel (where compiled); 3: kExact; 2: the default
       opt.num_threads = threads;
-      if (threads == 1) opt.isa = kvc::Isa::kPortable;
+      if (threads == 1 && kvc::isa_compiled(kvc::Isa::kPortable)) opt.isa = kvc::Isa::kPortable;
       if (threads == 3) opt.precision = kvc::Precision::kExact;
       kvc::qaq::TokenProbs pf, pa;
       for (int step = 0; step < steps; ++step) {
