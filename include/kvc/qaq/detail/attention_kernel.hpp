@@ -313,6 +313,7 @@ void bucket_scores(const std::byte* bk, std::size_t n, std::size_t rb, Token&& t
   for (std::size_t j = 0; j < std::min(kScoreAhead, n); ++j) prefetch_token_scores<R>(bk, j, n, rb, token, st);
   for (std::size_t i = 0; i < n; ++i) {
     prefetch_token_scores<R>(bk, i + kScoreAhead, n, rb, token, st);
+    R::prefetch(bk, i + R::kRecordAhead, n, rb);
     const std::byte* r = bk + i * rb;
     unpack<R, W>(r, d, rb - 4, st.codes);
     const Prepared<R, W> k(r, d, nout, st.codes);
@@ -342,6 +343,7 @@ void bucket_scores16(const std::byte* bk, std::size_t n, std::size_t rb, Token&&
   for (std::size_t i = 0; i < n; ++i) {
     prefetch_token_scores<R>(bk, i + kScoreAhead, n, rb, token, st);
     const std::byte* r = bk + i * rb;
+    R::prefetch(bk, i + R::kRecordAhead, n, rb);
     // 16-byte loads may run into the bucket's next records: checked only in its last record
     if (i + 1 < n) unpack16<R, W>(r, d, std::numeric_limits<std::size_t>::max(), codes);
     else unpack16<R, W>(r, d, rb - 4, codes);
@@ -414,7 +416,10 @@ void bucket_values(const std::byte* bk, std::size_t n, std::size_t rb, Token&& t
   for (std::size_t j = 0; j < std::min(kScoreAhead, n); ++j) prefetch_token_scores<R>(bk, j, n, rb, token, st);
   for (std::size_t i = 0; i < n; i += 4) {
     const int nr = int(std::min<std::size_t>(4, n - i));
-    for (int k = 0; k < nr; ++k) prefetch_token_scores<R>(bk, i + std::size_t(k) + kScoreAhead, n, rb, token, st);
+    for (int k = 0; k < nr; ++k) {
+      prefetch_token_scores<R>(bk, i + std::size_t(k) + kScoreAhead, n, rb, token, st);
+      R::prefetch(bk, i + std::size_t(k) + R::kRecordAhead, n, rb);
+    }
     Prepared<R, W> v[4];
     std::size_t t[4];
     const std::byte* rec[4];
@@ -503,6 +508,7 @@ void bucket_values16(const std::byte* bk, std::size_t n, std::size_t rb, Token&&
     for (int k = 0; k < nb; ++k) {
       prefetch_token_scores<R>(bk, i + std::size_t(k) + kScoreAhead, n, rb, token, st);
       const std::byte* r = bk + (i + std::size_t(k)) * rb;
+      R::prefetch(bk, i + std::size_t(k) + R::kRecordAhead, n, rb);
       codes[k] = R::codes(r);
       v[k].init(r, d, nout, nullptr);
       t[k] = token(r, i + std::size_t(k));
