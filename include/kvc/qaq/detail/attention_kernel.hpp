@@ -305,6 +305,15 @@ inline void prefetch_token_scores(const std::byte* bk, std::size_t j, std::size_
 }
 inline constexpr std::size_t kScoreAhead = 16;  ///< records ahead whose scores are prefetched
 
+/// A pass's prefetches at its record j (every pass over a bucket, in order): the scores of record j + kScoreAhead's
+/// token and the bytes of record j + R::kRecordAhead (RecordFormat::prefetch).
+template <class R, class Token>
+inline void prefetch_ahead(const std::byte* bk, std::size_t j, std::size_t n, std::size_t rb, Token& token,
+                           const Stream& st) noexcept {
+  prefetch_token_scores<R>(bk, j + kScoreAhead, n, rb, token, st);
+  R::prefetch(bk, j + R::kRecordAhead, n, rb);
+}
+
 /// Scores of the n records of one width-W bucket (records of `rb` bytes; token(r, i) names record i's token).
 template <class R, int W, class Token>
 void bucket_scores(const std::byte* bk, std::size_t n, std::size_t rb, Token&& token, const Stream& st) noexcept {
@@ -312,8 +321,7 @@ void bucket_scores(const std::byte* bk, std::size_t n, std::size_t rb, Token&& t
   float dots[4];
   for (std::size_t j = 0; j < std::min(kScoreAhead, n); ++j) prefetch_token_scores<R>(bk, j, n, rb, token, st);
   for (std::size_t i = 0; i < n; ++i) {
-    prefetch_token_scores<R>(bk, i + kScoreAhead, n, rb, token, st);
-    R::prefetch(bk, i + R::kRecordAhead, n, rb);
+    prefetch_ahead<R>(bk, i, n, rb, token, st);
     const std::byte* r = bk + i * rb;
     unpack<R, W>(r, d, rb - 4, st.codes);
     const Prepared<R, W> k(r, d, nout, st.codes);
@@ -341,9 +349,8 @@ void bucket_scores16(const std::byte* bk, std::size_t n, std::size_t rb, Token&&
   alignas(16) float dots[4];
   for (std::size_t j = 0; j < std::min(kScoreAhead, n); ++j) prefetch_token_scores<R>(bk, j, n, rb, token, st);
   for (std::size_t i = 0; i < n; ++i) {
-    prefetch_token_scores<R>(bk, i + kScoreAhead, n, rb, token, st);
+    prefetch_ahead<R>(bk, i, n, rb, token, st);
     const std::byte* r = bk + i * rb;
-    R::prefetch(bk, i + R::kRecordAhead, n, rb);
     // 16-byte loads may run into the bucket's next records: checked only in its last record
     if (i + 1 < n) unpack16<R, W>(r, d, std::numeric_limits<std::size_t>::max(), codes);
     else unpack16<R, W>(r, d, rb - 4, codes);
@@ -416,10 +423,7 @@ void bucket_values(const std::byte* bk, std::size_t n, std::size_t rb, Token&& t
   for (std::size_t j = 0; j < std::min(kScoreAhead, n); ++j) prefetch_token_scores<R>(bk, j, n, rb, token, st);
   for (std::size_t i = 0; i < n; i += 4) {
     const int nr = int(std::min<std::size_t>(4, n - i));
-    for (int k = 0; k < nr; ++k) {
-      prefetch_token_scores<R>(bk, i + std::size_t(k) + kScoreAhead, n, rb, token, st);
-      R::prefetch(bk, i + std::size_t(k) + R::kRecordAhead, n, rb);
-    }
+    for (int k = 0; k < nr; ++k) prefetch_ahead<R>(bk, i + std::size_t(k), n, rb, token, st);
     Prepared<R, W> v[4];
     std::size_t t[4];
     const std::byte* rec[4];
@@ -506,9 +510,8 @@ void bucket_values16(const std::byte* bk, std::size_t n, std::size_t rb, Token&&
     std::size_t t[kBlock];
     const std::uint8_t* codes[kBlock + 1];
     for (int k = 0; k < nb; ++k) {
-      prefetch_token_scores<R>(bk, i + std::size_t(k) + kScoreAhead, n, rb, token, st);
+      prefetch_ahead<R>(bk, i + std::size_t(k), n, rb, token, st);
       const std::byte* r = bk + (i + std::size_t(k)) * rb;
-      R::prefetch(bk, i + std::size_t(k) + R::kRecordAhead, n, rb);
       codes[k] = R::codes(r);
       v[k].init(r, d, nout, nullptr);
       t[k] = token(r, i + std::size_t(k));
