@@ -1,7 +1,8 @@
 /// \file scheme_registry.hpp
 /// The schemes kvc-eval compares, by name. Adding a kvc cache configuration to the quality harness is
-/// one `entry<...>` line in one of the registry's parts (schemes_[a-f].cpp); the runner is instantiated
-/// for the cache type, so the engine calls the same fused attention a user's engine would for that policy set.
+/// one `entry<...>` line in one of the registry's parts (schemes_*.cpp; schemes_core.cpp only for a scheme the
+/// llama.* tests run); the runner is instantiated for the cache type, so the engine calls the same fused attention
+/// a user's engine would for that policy set.
 #pragma once
 
 #include <llama/llama_model.hpp>
@@ -208,29 +209,33 @@ class LayerSplitCache {
 };
 
 namespace detail {
-// The registry in six parts, each compiled in a file of its own (examples/llama/schemes_[a-f].cpp): every entry
-// instantiates the engine and the fused attention of its cache on every SIMD path, so one file for all of them
-// is the longest compile of the build (26 min on one core); in parts, a parallel build shares them.
+// The registry in parts, each compiled in a file of its own (examples/llama/schemes_*.cpp): every entry instantiates
+// the engine and the fused attention of its cache on every SIMD path, so one file for all of them is the longest
+// compile of the build (26 min on one core); in parts, a parallel build shares them. Two programs link them:
+// kvc-eval (every part; registry_all.cpp) and kvc-eval-core (schemes_core alone; registry_core.cpp), the one the
+// test build makes and the llama.* tests run: the other parts are ~1,000 CPU-seconds of compilation that no test
+// reads (README "Quality on a real model").
+std::vector<SchemeEntry> schemes_core();  ///< the schemes the llama.* tests run, fp32 (the exact reference) first
 std::vector<SchemeEntry> schemes_a();  ///< uniform, KIVI, LogQuant, layer splits, GEAR
 std::vector<SchemeEntry> schemes_b();  ///< KIVI with sinks and GEAR corrections
 std::vector<SchemeEntry> schemes_c();  ///< rotated schemes beside their plain twins
 std::vector<SchemeEntry> schemes_f();  ///< ... continued (KIVI grid sinks, int4 sinks, LogQuant, GEAR)
-std::vector<SchemeEntry> schemes_d();  ///< AlignedKV and the adaptive QAQ schemes
+std::vector<SchemeEntry> schemes_d();  ///< the adaptive QAQ schemes
 std::vector<SchemeEntry> schemes_e();  ///< QAQ's per-token uniform baselines
+/// Every entry of the parts this program links, schemes_core first (registry_all.cpp / registry_core.cpp).
+std::vector<SchemeEntry> linked_schemes();
+/// What find_scheme adds to its error for an unknown name: empty in kvc-eval, where to find the other schemes in
+/// kvc-eval-core.
+const char* registry_note();
 /// A QAQ scheme named by its kind ("qaq", "qaq-n1", "qaq-a0", "qaq-rot", "qaq-rotk", "qaq-rotv", "qaq-a0-rot",
-/// "qaq-a0n1-rot", "qaq-a0n1-rot-lm", "qaq-lm") and targets (schemes_d.cpp); nullopt for another kind.
+/// "qaq-a0n1-rot", "qaq-a0n1-rot-lm", "qaq-lm") and targets (schemes_d.cpp); nullopt for another kind. In
+/// kvc-eval-core (registry_core.cpp) every QAQ kind throws kvc::Error naming kvc-eval.
 std::optional<SchemeEntry> qaq_scheme(const std::string& kind, const std::string& name, qaq::Targets t);
 }  // namespace detail
 
-/// Every scheme kvc-eval knows, in a stable order. The first entry is the exact reference.
+/// Every scheme this program knows, in a stable order. The first entry is the exact reference.
 inline const std::vector<SchemeEntry>& scheme_registry() {
-  static const std::vector<SchemeEntry> registry = [] {
-    std::vector<SchemeEntry> all;
-    for (auto part : {detail::schemes_a, detail::schemes_b, detail::schemes_c, detail::schemes_f, detail::schemes_d,
-                      detail::schemes_e})
-      for (SchemeEntry& e : part()) all.push_back(std::move(e));
-    return all;
-  }();
+  static const std::vector<SchemeEntry> registry = detail::linked_schemes();
   return registry;
 }
 
@@ -250,7 +255,7 @@ inline SchemeEntry find_scheme(const std::string& name) {
   KVC_CHECK(false, Errc::kInvalidArgument, "unknown scheme '", name, "' (known: ", known,
             ", and qaq:KS:VS, qaq-n1:KS:VS, qaq-a0:KS:VS, qaq-rot:KS:VS, qaq-rotk:KS:VS, qaq-rotv:KS:VS, "
             "qaq-a0-rot:KS:VS, qaq-a0n1-rot:KS:VS, qaq-a0n1-rot-lm:KS:VS, qaq-lm:KS:VS with positive targets "
-            "sigma_S = KS, sigma_X = VS)");
+            "sigma_S = KS, sigma_X = VS)", detail::registry_note());
   return scheme_registry().front();  // unreachable
 }
 }  // namespace kvc::llama

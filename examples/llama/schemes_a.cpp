@@ -6,18 +6,13 @@ namespace kvc::llama::detail {
 std::vector<SchemeEntry> schemes_a() {
   using namespace kvc::schemes;
   return {
-      entry<Fp32>("fp32", "uncompressed fp32: the exact reference"),
-      entry<Fp16>("fp16", "uncompressed fp16"),
-      entry<Int8>("int8", "8-bit per-token uniform (endpoint codec)"),
       entry<CompressedKVCache<keys<GroupQuantizer<8, 32, Axis::kChannel>>, values<GroupQuantizer<8, 32, Axis::kToken>>>>(
           "int8-kc", "8-bit, keys per channel over 32-token blocks, values per token in 32-channel groups, no window"),
       entry<Kivi<8>>("kivi8", "KIVI 8-bit, group 32, 128-token fp16 window"),
-      entry<Kivi4>("kivi4", "KIVI 4-bit: per-channel keys, per-token values, group 32, 128-token fp16 window"),
       entry<CompressedKVCache<keys<GroupQuantizer<4, 32, Axis::kChannel>>, values<GroupQuantizer<4, 32, Axis::kToken>>,
                               FullPrecisionWindow<128, 4>>>("kivi4-sink4",
                                                             "KIVI 4-bit with a 4-token attention sink kept in fp16"),
       entry<Kivi<3>>("kivi3", "KIVI 3-bit, group 32, 128-token fp16 window"),
-      entry<Kivi2>("kivi2", "KIVI 2-bit, group 32, 128-token fp16 window"),
       entry<Kivi<2, 32, 32>>("kivi2-w32", "KIVI 2-bit, group 32, 32-token fp16 window"),
       entry<CompressedKVCache<keys<GroupQuantizer<2, 32, Axis::kChannel>>, values<GroupQuantizer<2, 32, Axis::kToken>>,
                               FullPrecisionWindow<128, 4>>>("kivi2-sink4",
@@ -68,7 +63,6 @@ std::vector<SchemeEntry> schemes_a() {
           "gear-kivi3-b64-w64-s1", "3-bit, 64-token key groups, 64-channel value groups, window 64, 1 % outliers"),
       entry<KiviWith<3, 128, 64, 0, OutlierFilter<100>>>(
           "gear-kivi3-b128-s1", "3-bit, 128-token key groups, 64-channel value groups, no window, 1 % outliers"),
-      entry<GearKivi2>("gear-kivi2", "GEAR on KIVI-2 (group 32, window 128): 0.5 % outliers, rank 1"),
       entry<KiviWith<2, 32, 32, 128, OutlierFilter<100>, LowRankResidual<Rank<1>>, LiteralMode>>(
           "gear-kivi2-literal", "gear-kivi2 in literal mode (Algorithm 1: history recompressed every 32 tokens)"),
       entry<KiviWith<2, 32, 32, 128, OutlierFilter<100>>>("gear-kivi2-s1", "KIVI-2 (group 32, window 128) + 1 % outliers"),

@@ -21,7 +21,6 @@ std::vector<SchemeEntry> schemes_c() {
       entry<RotatedValues<Kivi4>>("kivi4-rotv", "kivi4 with V Hadamard-rotated"),
       entry<Rotated<Kivi<3>>>("kivi3-rot", "kivi3 with K and V Hadamard-rotated"),
       entry<RotatedValues<Kivi<3>>>("kivi3-rotv", "kivi3 with V Hadamard-rotated"),
-      entry<Rotated<Kivi2>>("kivi2-rot", "kivi2 with K and V Hadamard-rotated"),
       entry<RotatedValues<Kivi2>>("kivi2-rotv", "kivi2 with V Hadamard-rotated"),
       entry<Rotated<SinkKivi<4>>>("kivi4-b64-sink64-rot", "kivi4-b64-sink64 with K and V Hadamard-rotated"),
       entry<RotatedValues<SinkKivi<4>>>("kivi4-b64-sink64-rotv", "kivi4-b64-sink64 with V Hadamard-rotated"),

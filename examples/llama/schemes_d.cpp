@@ -1,14 +1,11 @@
 /// \file schemes_d.cpp
-/// Part of kvc-eval's scheme registry (scheme_registry.hpp): AlignedKV and the adaptive QAQ schemes.
+/// Part of kvc-eval's scheme registry (scheme_registry.hpp): the adaptive QAQ schemes (AlignedKV's aligned-fp16: schemes_core.cpp).
 #include <llama/scheme_registry.hpp>
 
 namespace kvc::llama::detail {
 std::vector<SchemeEntry> schemes_d() {
   using namespace kvc::schemes;
   return {
-      // AlignedKV (SPEC §3): fp16 K/V in bit planes, decode attention loading 8, 12 or 16 leading bits per element.
-      entry<CompressedKVCache<AlignedLoader<>>>("aligned-fp16",
-                                               "AlignedKV: fp16 planes read at Rule 1/2 tiers (4 / 8 binades, top-32)"),
       // Three points of the QAQ curve (paper defaults: widths 1..8, 1 % outliers, n = 5); any other targets by name
       // (qaq_scheme below); the per-token uniform baselines are in schemes_e.cpp.
       qaq_entry<QaqQuantizer<>>("qaq:1e-3:1e-2", "QAQ at sigma_S 1e-3, sigma_X 1e-2 (~3.9 bits)", {1e-3, 1e-2}),
