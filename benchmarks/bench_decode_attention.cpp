@@ -26,6 +26,10 @@
 //                                        stream's update right after its attention), 0: decode_attention then
 //                                        update_widths, timed apart (attention_ms / update_ms);
 //                                        value_moved_pct: value records moved per step
+//   BM_DecodeAttentionWarm/<scheme>/T:<n>  kivi2 and qaq (as above) with nothing flushed between the steps: the
+//                                        cache stays in L2/L3 as far as it fits; ns_per_token = one step's time over
+//                                        T x KV heads (both sides). Equal to the flushed row where a kernel's time is
+//                                        its instructions, not its memory reads
 //   BM_QaqStepOverKivi2/T:<n>/rho:<r>    the speed target's ratio: per iteration one kivi2 attention and one QAQ
 //                                        step (rho as above, ~3 bits), each timed; ratio = QAQ / kivi2 (both under
 //                                        the same machine drift)
@@ -292,6 +296,31 @@ void BM_DecodeAttentionQaq(benchmark::State& state) {
   state.counters["value_bits"] = cache->average_width(1);
 }
 
+/// BM_DecodeAttentionWarm: decode_attention over build(T)'s cache, back to back (no flush between the steps).
+template <auto Build>
+void BM_DecodeAttentionWarm(benchmark::State& state) {
+  const int tokens = static_cast<int>(state.range(0)), heads = kKvHeads * kGqa;
+  const auto cache = Build(tokens);
+  const std::vector<float> q = bench_query();
+  std::vector<float> out(q.size());
+  double seconds = 0.0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    kvc::decode_attention(*cache, 0, kvc::QueryView::contiguous(q.data(), 1, heads, kHeadDim),
+                          kvc::OutputView::contiguous(out.data(), 1, heads, kHeadDim));
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetLabel(kvc::isa_name(kvc::resolve_isa(kvc::Isa::kAuto)));
+  state.counters["bytes_per_second"] = benchmark::Counter(
+      static_cast<double>(cache->decode_read_bytes(0)) * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["ns_per_token"] = 1e9 * seconds / (double(state.iterations()) * tokens * kKvHeads);
+}
+std::unique_ptr<QaqPlain> warm_qaq(int tokens) {
+  kvc::qaq::TokenProbs probs;
+  return build_qaq(tokens, qaq_queries(), 3.0, probs);
+}
+
 void BM_QaqUpdateWidths(benchmark::State& state) {
   kvc::qaq::TokenProbs probs;
   const auto cache = build_qaq(static_cast<int>(state.range(0)), qaq_queries(), 3.0, probs);
@@ -488,6 +517,11 @@ const int registered = [] {
       BM_DecodeAttentionQaq<kvc::Precision::kFast,
                             kvc::CompressedKVCache<kvc::QaqQuantizer<1, 8, 0, 1, kvc::qaq::PaperBounds, kvc::qaq::LogMeta>,
                                                    kvc::Rotation<kvc::Hadamard<>>>>)
+      ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
+  // Both kernels warm: the time each takes beside its memory reads.
+  benchmark::RegisterBenchmark("BM_DecodeAttentionWarm/kivi2", BM_DecodeAttentionWarm<build_cache<kvc::schemes::Kivi2>>)
+      ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("BM_DecodeAttentionWarm/qaq", BM_DecodeAttentionWarm<warm_qaq>)
       ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("BM_QaqUpdateWidths", BM_QaqUpdateWidths)
       ->ArgName("T")->Arg(4096)->Arg(32768)->UseRealTime()->Unit(benchmark::kMillisecond);
