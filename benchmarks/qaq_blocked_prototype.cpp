@@ -11,8 +11,8 @@
 //                                                                             # "moves" (moves only) or "prof"
 // Measured 2026-12-08 on an AMD EPYC Zen 4 (2 cores; README): attention 0.92-1.10x KIVI-2's at T = 32768, warm and
 // cold, 1 and 2 threads (one thread: 17.5 against 18.2 ns per token and KV head); output error <= 3.1e-4 of its
-// norm; the update floor 0.14 ms a step on 2 threads; the moves 2.3-2.4 ms a step (~250 ns a moved record and
-// thread): the whole step 1.75-2.2x KIVI-2, the moves the part still too slow.
+// norm; the update floor 0.14 ms a step on 2 threads; the moves 2.3-2.8 ms a step (~250-300 ns a moved record and
+// thread): the whole step 1.75-2.5x KIVI-2, the moves the part still too slow.
 //
 // Layout (per stream, per side, per width b in [1, 8]): a bucket of blocks of 16 same-width tokens.
 //   block codes: 16 tokens x 128 channels x b bits = 256 b bytes, as "target vectors" of 64 bytes (32 per block)
@@ -910,6 +910,32 @@ struct Mover {
 };
 
 // move token `tid` of the value side to width nb
+/// Removes slot x of width-b bucket src: the bucket's last token is moved into it (codes, metadata, outliers, id,
+/// its index entry), and the last slot becomes padding (id T, zero metadata; its stale code bits carry weight 0).
+inline void swap_remove(Bucket& src, MoveState& ms, int b, int x) {
+  const int xb = x / BLK, xt = x % BLK;
+  const std::size_t xo = std::size_t(xb) * 2 * BLK + xt;
+  const int last = src.n - 1;
+  const int lb = last / BLK, lt = last % BLK;
+  const std::size_t lo_ = std::size_t(lb) * 2 * BLK + lt;
+  if (x != last) {
+    alignas(64) std::uint8_t lc[D];
+    kExtract[b - 1](src.codes.data() + std::size_t(lb) * 256 * b, lt, lc);
+    kInsert[b - 1](src.codes.data() + std::size_t(xb) * 256 * b, xt, lc);
+    const std::uint16_t lid = src.id[last];
+    src.lo[x] = src.lo[last], src.step[x] = src.step[last], src.id[x] = lid;
+    src.oval[xo] = src.oval[lo_], src.oval[xo + BLK] = src.oval[lo_ + BLK];
+    src.oidx[xo] = src.oidx[lo_], src.oidx[xo + BLK] = src.oidx[lo_ + BLK];
+    ms.loc[lid] = std::uint32_t(b - 1) << 24 | std::uint32_t(x);
+  }
+  src.id[last] = std::uint16_t(ms.T);
+  src.lo[last] = src.step[last] = 0;
+  src.oval[lo_] = src.oval[lo_ + BLK] = 0;
+  src.oidx[lo_] = src.oidx[lo_ + BLK] = 0;
+  src.n = last;
+  src.nblk = (last + BLK - 1) / BLK;
+}
+
 inline void move_token(Side& side, MoveState& ms, std::uint32_t tid, int nb) {
   const std::uint32_t L = ms.loc[tid];
   const int b = int(L >> 24) + 1, x = int(L & 0xFFFFFFu);
@@ -943,26 +969,7 @@ inline void move_token(Side& side, MoveState& ms, std::uint32_t tid, int nb) {
     encode_row(ms.mirror + std::size_t(tid) * D, lo, step, nb, oi0, oi1, code);
 #endif
   }
-  // swap-remove from the source bucket
-  const int last = src.n - 1;
-  const int lb = last / BLK, lt = last % BLK;
-  const std::size_t lo_ = std::size_t(lb) * 2 * BLK + lt;
-  if (x != last) {
-    alignas(64) std::uint8_t lc[D];
-    kExtract[b - 1](src.codes.data() + std::size_t(lb) * 256 * b, lt, lc);
-    kInsert[b - 1](src.codes.data() + std::size_t(xb) * 256 * b, xt, lc);
-    const std::uint16_t lid = src.id[last];
-    src.lo[x] = src.lo[last], src.step[x] = src.step[last], src.id[x] = lid;
-    src.oval[xo] = src.oval[lo_], src.oval[xo + BLK] = src.oval[lo_ + BLK];
-    src.oidx[xo] = src.oidx[lo_], src.oidx[xo + BLK] = src.oidx[lo_ + BLK];
-    ms.loc[lid] = std::uint32_t(b - 1) << 24 | std::uint32_t(x);
-  }
-  src.id[last] = std::uint16_t(ms.T);
-  src.lo[last] = src.step[last] = 0;
-  src.oval[lo_] = src.oval[lo_ + BLK] = 0;
-  src.oidx[lo_] = src.oidx[lo_ + BLK] = 0;
-  src.n = last;
-  src.nblk = (last + BLK - 1) / BLK;
+  swap_remove(src, ms, b, x);  // from the source bucket
   // append to the destination bucket
   Bucket& dst = side.bk[nb - 1];
   const int y = dst.n, yb = y / BLK, yt = y % BLK;
@@ -1118,25 +1125,7 @@ inline void move_stream_sorted(Stream& st, MoveState& ms, const Mover* mv, int n
       _mm512_store_si512(code, _mm512_and_si512(_mm512_srl_epi16(_mm512_load_si512(code), sh), msk));
       _mm512_store_si512(code + 64, _mm512_and_si512(_mm512_srl_epi16(_mm512_load_si512(code + 64), sh), msk));
     }
-    const int last = src.n - 1;
-    const int lb = last / BLK, lt = last % BLK;
-    const std::size_t lo_ = std::size_t(lb) * 2 * BLK + lt;
-    if (x != last) {
-      alignas(64) std::uint8_t lc[D];
-      kExtract[b - 1](src.codes.data() + std::size_t(lb) * 256 * b, lt, lc);
-      kInsert[b - 1](src.codes.data() + std::size_t(xb) * 256 * b, xt, lc);
-      const std::uint16_t lid = src.id[last];
-      src.lo[x] = src.lo[last], src.step[x] = src.step[last], src.id[x] = lid;
-      src.oval[xo] = src.oval[lo_], src.oval[xo + BLK] = src.oval[lo_ + BLK];
-      src.oidx[xo] = src.oidx[lo_], src.oidx[xo + BLK] = src.oidx[lo_ + BLK];
-      ms.loc[lid] = std::uint32_t(b - 1) << 24 | std::uint32_t(x);
-    }
-    src.id[last] = std::uint16_t(ms.T);
-    src.lo[last] = src.step[last] = 0;
-    src.oval[lo_] = src.oval[lo_ + BLK] = 0;
-    src.oidx[lo_] = src.oidx[lo_ + BLK] = 0;
-    src.n = last;
-    src.nblk = (last + BLK - 1) / BLK;
+    swap_remove(src, ms, b, x);
   }
   // (2)
   constexpr int PM = 8;
